@@ -1,0 +1,5 @@
+import sys
+
+from oceanus.cli import main
+
+sys.exit(main())

@@ -1,0 +1,268 @@
+"""ONNX Runtime backend: one InferenceSession per instance.
+
+Sessions run on the instance's own thread; ONNX Runtime releases the GIL while it computes, so two
+instances really execute at the same time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto
+from tritonclient.grpc import model_config_pb2 as mc
+
+from oceanus.backends.base import Backend, BackendInstance, InstanceSpec
+from oceanus.core import datatypes
+from oceanus.core.errors import invalid_arg, unavailable
+
+log = logging.getLogger("oceanus.backends.onnxruntime")
+
+# ONNX Runtime's type strings -> ModelConfig datatype names.
+ORT_TO_CONFIG: dict[str, str] = {
+    "tensor(bool)": "TYPE_BOOL",
+    "tensor(uint8)": "TYPE_UINT8",
+    "tensor(uint16)": "TYPE_UINT16",
+    "tensor(uint32)": "TYPE_UINT32",
+    "tensor(uint64)": "TYPE_UINT64",
+    "tensor(int8)": "TYPE_INT8",
+    "tensor(int16)": "TYPE_INT16",
+    "tensor(int32)": "TYPE_INT32",
+    "tensor(int64)": "TYPE_INT64",
+    "tensor(float16)": "TYPE_FP16",
+    "tensor(float)": "TYPE_FP32",
+    "tensor(double)": "TYPE_FP64",
+    "tensor(string)": "TYPE_STRING",
+    "tensor(bfloat16)": "TYPE_BF16",
+}
+
+_GRAPH_LEVELS = {
+    -1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    0: ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+}
+
+
+def _model_dims(shape: Sequence[Any]) -> list[int]:
+    """ORT shapes hold ints, symbolic names or None; Triton writes every unknown as -1."""
+    return [d if isinstance(d, int) and d >= 0 else -1 for d in shape]
+
+
+def _parameter(config: mc.ModelConfig, key: str) -> str | None:
+    if key in config.parameters:
+        return str(config.parameters[key].string_value)
+    return None
+
+
+class OnnxRuntimeBackend(Backend):
+    name = "onnxruntime"
+
+    def __init__(self) -> None:
+        self._warned_gpu_fallback = False
+
+    def gpu_available(self) -> bool:
+        return "CUDAExecutionProvider" in ort.get_available_providers()
+
+    def model_path(self, config: mc.ModelConfig, version_dir: Path) -> Path:
+        path = version_dir / (config.default_model_filename or "model.onnx")
+        if path.is_dir():  # Triton also accepts a folder holding model.onnx (external data)
+            path = path / "model.onnx"
+        if not path.exists():
+            raise unavailable(
+                f"unable to find '{path}' for model '{config.name}', in {version_dir}"
+            )
+        return path
+
+    def complete_config(self, config: mc.ModelConfig, model_path: Path, autocomplete: bool) -> None:
+        session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+        model_inputs = {i.name: i for i in session.get_inputs()}
+        model_outputs = {o.name: o for o in session.get_outputs()}
+        if autocomplete:
+            self._autocomplete(config, list(model_inputs.values()), list(model_outputs.values()))
+        self._check(config, "input", config.input, model_inputs)
+        self._check(config, "output", config.output, model_outputs)
+        for name in model_inputs:
+            if not any(t.name == name for t in config.input):
+                raise invalid_arg(
+                    f"unable to load model '{config.name}', configuration expects "
+                    f"{len(config.input)} inputs, model provides {len(model_inputs)}: "
+                    f"input '{name}' is missing from the configuration"
+                )
+
+    def _autocomplete(
+        self, config: mc.ModelConfig, inputs: list[Any], outputs: list[Any]
+    ) -> None:
+        """Fill inputs/outputs the config leaves out, as Triton's ONNX Runtime backend does."""
+        if config.max_batch_size == 0 and not config.input and not config.output:
+            batchable = all(_model_dims(t.shape)[:1] == [-1] for t in inputs + outputs)
+            if batchable and inputs:
+                config.max_batch_size = 4
+                if not config.HasField("dynamic_batching") and not config.HasField(
+                    "sequence_batching"
+                ):
+                    config.dynamic_batching.SetInParent()
+        skip = 1 if config.max_batch_size > 0 else 0
+        for kind, model_tensors, config_tensors in (
+            ("input", inputs, config.input),
+            ("output", outputs, config.output),
+        ):
+            known = {t.name for t in config_tensors}
+            for tensor in model_tensors:
+                if tensor.name in known:
+                    continue
+                added = config_tensors.add()
+                added.name = tensor.name
+                added.data_type = mc.DataType.Value(ORT_TO_CONFIG.get(tensor.type, "TYPE_INVALID"))
+                dims = _model_dims(tensor.shape)[skip:]
+                added.dims.extend(dims or [1])
+                log.debug("autocompleted %s '%s' of model '%s'", kind, tensor.name, config.name)
+            for tensor in config_tensors:
+                if tensor.data_type == mc.TYPE_INVALID or not tensor.dims:
+                    match = next((t for t in model_tensors if t.name == tensor.name), None)
+                    if match is not None and tensor.data_type == mc.TYPE_INVALID:
+                        tensor.data_type = mc.DataType.Value(ORT_TO_CONFIG[match.type])
+                    if match is not None and not tensor.dims:
+                        tensor.dims.extend(_model_dims(match.shape)[skip:] or [1])
+
+    def _check(
+        self,
+        config: mc.ModelConfig,
+        kind: str,
+        tensors: Sequence[Any],
+        model_tensors: dict[str, Any],
+    ) -> None:
+        for tensor in tensors:
+            model_tensor = model_tensors.get(tensor.name)
+            if model_tensor is None:
+                allowed = ", ".join(f"'{n}'" for n in model_tensors)
+                raise invalid_arg(
+                    f"unable to load model '{config.name}', unexpected inference {kind} "
+                    f"'{tensor.name}', allowed {kind}s are: {allowed}"
+                )
+            model_type = ORT_TO_CONFIG.get(model_tensor.type, model_tensor.type)
+            config_type = mc.DataType.Name(tensor.data_type)
+            if model_type != config_type:
+                raise invalid_arg(
+                    f"unable to load model '{config.name}', configuration expects datatype "
+                    f"{config_type} for {kind} '{tensor.name}', model provides {model_type}"
+                )
+            self._check_dims(config, kind, tensor, _model_dims(model_tensor.shape))
+
+    @staticmethod
+    def _check_dims(config: mc.ModelConfig, kind: str, tensor: Any, model_dims: list[int]) -> None:
+        dims = list(tensor.reshape.shape) if tensor.HasField("reshape") else list(tensor.dims)
+        batched = config.max_batch_size > 0
+        full = ([-1] if batched else []) + dims
+        shape_text = f"[{','.join(str(d) for d in model_dims)}]"
+        if batched and (not model_dims or model_dims[0] != -1):
+            raise invalid_arg(
+                f"model '{config.name}', tensor '{tensor.name}': for the model to support "
+                f"batching the shape should have at least 1 dimension and the first dimension "
+                f"must be -1; but shape expected by the model is {shape_text}"
+            )
+        if len(full) != len(model_dims) or any(
+            m != -1 and c != -1 and m != c for m, c in zip(model_dims, full, strict=False)
+        ):
+            if batched:
+                explain = (
+                    f"{len(full)} dimensions (an initial batch dimension because max_batch_size "
+                    f"> 0 followed by the explicit tensor shape, making complete shape "
+                    f"[{','.join(str(d) for d in full)}])"
+                )
+            else:
+                explain = f"{len(full)} dimensions (shape [{','.join(str(d) for d in full)}])"
+            raise invalid_arg(
+                f"model '{config.name}', tensor '{tensor.name}': the model expects "
+                f"{len(model_dims)} dimensions (shape {shape_text}) but the model configuration "
+                f"specifies {explain}"
+            )
+
+    def load(self, config: mc.ModelConfig, model_path: Path, spec: InstanceSpec) -> BackendInstance:
+        options = ort.SessionOptions()
+        intra = _parameter(config, "intra_op_thread_count")
+        inter = _parameter(config, "inter_op_thread_count")
+        options.intra_op_num_threads = int(intra) if intra else spec.cpu_threads
+        options.inter_op_num_threads = int(inter) if inter else 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        level = config.optimization.graph.level if config.optimization.HasField("graph") else 0
+        options.graph_optimization_level = _GRAPH_LEVELS.get(
+            level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        )
+        options.log_severity_level = 3
+        providers: list[Any] = ["CPUExecutionProvider"]
+        if spec.kind == "GPU":
+            providers.insert(0, ("CUDAExecutionProvider", {"device_id": spec.device_id}))
+        session = ort.InferenceSession(str(model_path), sess_options=options, providers=providers)
+        return OnnxRuntimeInstance(session, config)
+
+
+class OnnxRuntimeInstance(BackendInstance):
+    def __init__(self, session: ort.InferenceSession, config: mc.ModelConfig) -> None:
+        self._session = session
+        self._output_names = [o.name for o in session.get_outputs()]
+        self._input_types = {i.name: i.type for i in session.get_inputs()}
+        output_types = {o.name: o.type for o in session.get_outputs()}
+        # BF16 has no numpy type inside ORT's Python binding: those go through OrtValues.
+        self._uses_ortvalues = "tensor(bfloat16)" in (
+            set(self._input_types.values()) | set(output_types.values())
+        )
+
+    def execute(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._uses_ortvalues:
+            return self._execute_ortvalues(inputs)
+        feed = {name: self._to_ort(name, array) for name, array in inputs.items()}
+        results = self._session.run(self._output_names, feed)
+        return {name: self._from_ort(value) for name, value in zip(self._output_names, results, strict=True)}
+
+    def _to_ort(self, name: str, array: np.ndarray) -> np.ndarray:
+        if array.dtype == np.dtype(object):
+            # ORT's string tensors take str; bytes would be stringified as "b'..'".
+            try:
+                return np.array(
+                    [b.decode() if isinstance(b, bytes) else b for b in array.reshape(-1)],
+                    dtype=object,
+                ).reshape(array.shape)
+            except UnicodeDecodeError:
+                raise invalid_arg(
+                    f"input '{name}' holds bytes that are not valid UTF-8, which ONNX Runtime "
+                    "string tensors cannot carry"
+                ) from None
+        return array
+
+    @staticmethod
+    def _from_ort(value: np.ndarray) -> np.ndarray:
+        if value.dtype == np.dtype(object):
+            return np.array(
+                [v.encode() if isinstance(v, str) else v for v in value.reshape(-1)], dtype=object
+            ).reshape(value.shape)
+        return value
+
+    def _execute_ortvalues(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feed = {}
+        for name, array in inputs.items():
+            if self._input_types.get(name) == "tensor(bfloat16)":
+                feed[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                    np.ascontiguousarray(array).view(np.uint16), TensorProto.BFLOAT16
+                )
+            else:
+                feed[name] = ort.OrtValue.ortvalue_from_numpy(self._to_ort(name, array))
+        results = self._session.run_with_ort_values(self._output_names, feed)
+        outputs: dict[str, np.ndarray] = {}
+        for name, value in zip(self._output_names, results, strict=True):
+            if value.element_type() == TensorProto.BFLOAT16:
+                shape = tuple(value.shape())
+                size = int(np.prod(shape)) * 2
+                raw = ctypes.string_at(value.data_ptr(), size) if size else b""
+                outputs[name] = (
+                    np.frombuffer(raw, dtype=np.uint16)
+                    .view(datatypes.BY_NAME["BF16"].dtype)
+                    .reshape(shape)
+                )
+            else:
+                outputs[name] = self._from_ort(value.numpy())
+        return outputs

@@ -1,0 +1,234 @@
+"""`oceanus` command line: tritonserver's flags, names, defaults and meanings.
+
+A Triton launch line works after swapping the binary. Flags of features Oceanus does not have
+are accepted with a warning rather than refused, so such launch lines still start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from oceanus import __version__
+from oceanus.logs import LogSettings
+from oceanus.settings import Settings
+
+log = logging.getLogger("oceanus.cli")
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+# tritonserver flags accepted for compatibility whose features Oceanus does not implement.
+IGNORED_FLAGS = (
+    "--backend-directory",
+    "--repoagent-directory",
+    "--cache-directory",
+    "--pinned-memory-pool-byte-size",
+    "--cuda-memory-pool-byte-size",
+    "--response-cache-byte-size",
+    "--cache-config",
+    "--rate-limit",
+    "--rate-limit-resource",
+    "--buffer-manager-thread-count",
+    "--host-policy",
+    "--min-supported-compute-capability",
+    "--http-thread-count",
+    "--http-header-forward-pattern",
+    "--grpc-header-forward-pattern",
+    "--grpc-infer-allocation-pool-size",
+    "--grpc-max-response-pool-size",
+    "--grpc-use-ssl",
+    "--grpc-use-ssl-mutual",
+    "--grpc-server-cert",
+    "--grpc-server-key",
+    "--grpc-root-cert",
+    "--grpc-infer-response-compression-level",
+    "--grpc-keepalive-time",
+    "--grpc-keepalive-timeout",
+    "--grpc-keepalive-permit-without-calls",
+    "--grpc-http2-max-pings-without-data",
+    "--grpc-http2-min-recv-ping-interval-without-data",
+    "--grpc-http2-max-ping-strikes",
+    "--grpc-restricted-protocol",
+    "--http-restricted-api",
+    "--reuse-http-port",
+    "--reuse-grpc-port",
+    "--trace-config",
+    "--trace-file",
+    "--trace-level",
+    "--trace-rate",
+    "--trace-count",
+    "--trace-log-frequency",
+    "--metrics-config",
+    "--model-namespacing",
+    "--enable-peer-access",
+    "--log-mode",
+)
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"invalid boolean value '{text}'")
+
+
+def parse_port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port '{text}'") from None
+    if not -1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port {value} is out of range")
+    return value
+
+
+def parse_nonnegative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer '{text}'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"value must be non-negative, got {value}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """One clear line and exit code 2, not argparse's usage block."""
+        self.exit(2, f"oceanus: error: {message} (see 'oceanus --help')\n")
+
+
+def _flag(parser: argparse.ArgumentParser, name: str, default: bool, help_text: str) -> None:
+    parser.add_argument(
+        name, type=parse_bool, nargs="?", const=True, default=default, metavar="BOOL", help=help_text
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="oceanus",
+        description="Oceanus: an inference server that speaks NVIDIA Triton's protocols. "
+        "Takes tritonserver's flags.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--version", action="version", version=f"oceanus {__version__}")
+    add = parser.add_argument
+    add(
+        "--model-repository",
+        "--model-store",
+        dest="model_repositories",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="model repository folder (repeatable); default: the built-in example repository",
+    )
+    add("--http-port", type=parse_port, default=8000)
+    add("--grpc-port", type=parse_port, default=8001)
+    add("--metrics-port", type=parse_port, default=8002)
+    add("--http-address", default="0.0.0.0")
+    add("--grpc-address", default="0.0.0.0")
+    add("--metrics-address", default="0.0.0.0")
+    _flag(parser, "--allow-http", True, "serve HTTP/REST")
+    _flag(parser, "--allow-grpc", True, "serve gRPC")
+    _flag(parser, "--allow-metrics", True, "serve Prometheus metrics")
+    _flag(parser, "--allow-gpu-metrics", True, "report GPU metrics")
+    _flag(parser, "--allow-cpu-metrics", True, "report CPU metrics")
+    add("--metrics-interval-ms", type=parse_nonnegative, default=2000)
+    add(
+        "--disable-auto-complete-config",
+        action="store_true",
+        help="do not fill missing config fields from the model files",
+    )
+    add(
+        "--strict-model-config",
+        type=parse_bool,
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="BOOL",
+        help="deprecated: true means --disable-auto-complete-config",
+    )
+    _flag(parser, "--exit-on-error", True, "exit if any model fails to load")
+    _flag(parser, "--strict-readiness", True, "server ready only when every model is ready")
+    add("--exit-timeout-secs", type=parse_nonnegative, default=30)
+    add("--http-max-input-size", type=parse_nonnegative, default=64 * 1024 * 1024)
+    add("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
+    add("--load-model", dest="load_models", action="append", default=[])
+    add("--repository-poll-secs", type=parse_nonnegative, default=15)
+    add("--model-load-thread-count", type=parse_nonnegative, default=4)
+    add("--backend-config", action="append", default=[])
+    add("--id", dest="server_id", default="triton")
+    add("--log-verbose", type=parse_nonnegative, default=0)
+    _flag(parser, "--log-info", True, "log info messages")
+    _flag(parser, "--log-warning", True, "log warnings")
+    _flag(parser, "--log-error", True, "log errors")
+    add("--log-format", choices=("default", "ISO8601"), default="default")
+    add("--log-file", default="")
+    for name in IGNORED_FLAGS:
+        add(name, dest="ignored_" + name[2:].replace("-", "_"), action="append", help=argparse.SUPPRESS)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, list[str]]:
+    """Settings from the command line, plus the ignored flags that were given."""
+    args = build_parser().parse_args(argv)
+    autocomplete = not args.disable_auto_complete_config
+    if args.strict_model_config is not None:
+        autocomplete = autocomplete and not args.strict_model_config
+    ignored = [
+        "--" + key[len("ignored_") :].replace("_", "-")
+        for key, value in vars(args).items()
+        if key.startswith("ignored_") and value is not None
+    ]
+    settings = Settings(
+        model_repositories=args.model_repositories,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        http_address=args.http_address,
+        grpc_address=args.grpc_address,
+        metrics_address=args.metrics_address,
+        allow_http=args.allow_http,
+        allow_grpc=args.allow_grpc,
+        allow_metrics=args.allow_metrics,
+        allow_gpu_metrics=args.allow_gpu_metrics,
+        allow_cpu_metrics=args.allow_cpu_metrics,
+        metrics_interval_ms=args.metrics_interval_ms,
+        autocomplete=autocomplete,
+        exit_on_error=args.exit_on_error,
+        strict_readiness=args.strict_readiness,
+        exit_timeout_secs=args.exit_timeout_secs,
+        http_max_input_size=args.http_max_input_size,
+        model_control_mode=args.model_control_mode,
+        load_models=args.load_models,
+        repository_poll_secs=args.repository_poll_secs,
+        model_load_thread_count=args.model_load_thread_count,
+        backend_config=args.backend_config,
+        server_id=args.server_id,
+        log=LogSettings(
+            verbose=args.log_verbose,
+            info=args.log_info,
+            warning=args.log_warning,
+            error=args.log_error,
+            format=args.log_format,
+            file=args.log_file,
+        ),
+    )
+    return settings, ignored
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings, ignored = parse_args(argv)
+    from oceanus.server import run
+
+    return run(settings, ignored)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Model instances: each owns a thread that executes whole batches on its backend instance.
+
+The thread assembles the batch (one numpy concatenation per input), executes it, and splits the
+outputs back into per-request views, so none of that work runs on the event loop. It then hands
+the finished batch to the loop in one `call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from oceanus.backends.base import BackendInstance, InstanceSpec
+from oceanus.core.errors import InferenceServerError, internal
+from oceanus.core.types import InferRequest
+
+log = logging.getLogger("oceanus.core.instance")
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    """One request waiting in (or leaving) a scheduler queue."""
+
+    request: InferRequest
+    inputs: dict[str, np.ndarray]
+    rows: int
+    future: asyncio.Future[Any]
+    enqueued_ns: int = 0
+    deadline_ns: int = 0  # 0: no timeout
+    priority: int = 0
+    seq: int = 0
+    delayed: bool = False
+    started_ns: int = 0
+
+
+@dataclass(slots=True)
+class BatchResult:
+    outputs: list[dict[str, np.ndarray]] = field(default_factory=list)  # one per job
+    error: InferenceServerError | None = None
+    started_ns: int = 0
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+
+
+BatchDone = Callable[["InstanceWorker", list[Job], BatchResult], None]
+
+
+class InstanceWorker:
+    """A backend instance and the thread that executes batches on it."""
+
+    def __init__(
+        self,
+        spec: InstanceSpec,
+        instance: BackendInstance,
+        batched: bool,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.spec = spec
+        self.instance = instance
+        self._batched = batched
+        self._loop = loop
+        self._on_done: BatchDone | None = None
+        self._batches: queue.SimpleQueue[list[Job] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=spec.name, daemon=True)
+
+    def start(self, on_done: BatchDone) -> None:
+        self._on_done = on_done
+        self._thread.start()
+
+    def submit(self, batch: list[Job]) -> None:
+        self._batches.put(batch)
+
+    def stop(self, wait: bool = True) -> None:
+        self._batches.put(None)
+        if wait and self._thread.is_alive():
+            self._thread.join()
+        self.instance.close()
+
+    def _run(self) -> None:
+        while True:
+            batch = self._batches.get()
+            if batch is None:
+                return
+            result = self._execute(batch)
+            assert self._on_done is not None
+            try:
+                self._loop.call_soon_threadsafe(self._on_done, self, batch, result)
+            except RuntimeError:  # loop closed during shutdown
+                return
+
+    def _execute(self, batch: list[Job]) -> BatchResult:
+        result = BatchResult(started_ns=time.monotonic_ns())
+        try:
+            inputs = _assemble(batch)
+            assembled = time.monotonic_ns()
+            outputs = self.instance.execute(inputs)
+            executed = time.monotonic_ns()
+            result.outputs = self._split(batch, outputs)
+            done = time.monotonic_ns()
+        except InferenceServerError as exc:
+            result.error = exc
+            return result
+        except Exception as exc:  # a backend failure must never kill the thread
+            log.exception("instance %s failed to execute a batch", self.spec.name)
+            result.error = internal(f"{type(exc).__name__}: {exc}")
+            return result
+        result.input_ns = assembled - result.started_ns
+        result.infer_ns = executed - assembled
+        result.output_ns = done - executed
+        return result
+
+    def _split(self, batch: list[Job], outputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        if len(batch) == 1:
+            return [outputs]
+        total = sum(job.rows for job in batch)
+        for name, array in outputs.items():
+            if array.ndim == 0 or array.shape[0] != total:
+                raise internal(
+                    f"output '{name}' of batch size {total} has shape {list(array.shape)}: "
+                    "its first dimension must be the batch size"
+                )
+        per_job: list[dict[str, np.ndarray]] = []
+        offset = 0
+        for job in batch:
+            end = offset + job.rows
+            per_job.append({name: array[offset:end] for name, array in outputs.items()})
+            offset = end
+        return per_job
+
+
+def _assemble(batch: list[Job]) -> dict[str, np.ndarray]:
+    if len(batch) == 1:
+        return batch[0].inputs
+    return {
+        name: np.concatenate([job.inputs[name] for job in batch])
+        for name in batch[0].inputs
+    }

@@ -1,0 +1,193 @@
+"""config.pbtxt: parse Triton's protobuf text format into ModelConfig and normalize it.
+
+The schema is Triton's own (``tritonclient.grpc.model_config_pb2``), so field numbers and names match
+Triton exactly. Normalization fills the defaults Triton fills, so `/v2/models/<m>/config` prints
+what Triton would print.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from oceanus.core.errors import InferenceServerError, invalid_arg
+
+ModelConfig = mc.ModelConfig
+
+# platform <-> backend pairs Triton knows, with each backend's default model file name.
+PLATFORM_TO_BACKEND: dict[str, str] = {
+    "onnxruntime_onnx": "onnxruntime",
+    "pytorch_libtorch": "pytorch",
+    "tensorrt_plan": "tensorrt",
+    "tensorflow_savedmodel": "tensorflow",
+    "tensorflow_graphdef": "tensorflow",
+}
+BACKEND_TO_PLATFORM: dict[str, str] = {
+    "onnxruntime": "onnxruntime_onnx",
+    "pytorch": "pytorch_libtorch",
+    "tensorrt": "tensorrt_plan",
+}
+DEFAULT_MODEL_FILENAME: dict[str, str] = {
+    "onnxruntime": "model.onnx",
+    "pytorch": "model.pt",
+    "tensorrt": "model.plan",
+    "openvino": "model.xml",
+    "python": "model.py",
+}
+
+_NO_FIELD = re.compile(r'has no field named "(?P<field>[^"]+)"')
+_MESSAGE_TYPE = re.compile(r'Message type "(?P<type>[^"]+)"')
+
+
+def parse_config_text(text: str, source: str) -> mc.ModelConfig:
+    """Parse config.pbtxt text; errors name the file, line and column, and suggest a field."""
+    config = mc.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as exc:
+        raise invalid_arg(f"failed to parse {source}: {exc}{_suggestion(str(exc))}") from None
+    return config
+
+
+def _suggestion(message: str) -> str:
+    """For a misspelt field name, the closest real field of that message type."""
+    field_match = _NO_FIELD.search(message)
+    type_match = _MESSAGE_TYPE.search(message)
+    if not field_match or not type_match:
+        return ""
+    type_name = type_match.group("type").split(".")[-1]
+    descriptor = mc.DESCRIPTOR.message_types_by_name.get(type_name)
+    if descriptor is None:
+        descriptor = _find_nested(type_name)
+    if descriptor is None:
+        return ""
+    close = difflib.get_close_matches(field_match.group("field"), descriptor.fields_by_name, n=1)
+    return f' (did you mean "{close[0]}"?)' if close else ""
+
+
+def _find_nested(type_name: str):  # type: ignore[no-untyped-def]
+    stack = list(mc.DESCRIPTOR.message_types_by_name.values())
+    while stack:
+        descriptor = stack.pop()
+        if descriptor.name == type_name:
+            return descriptor
+        stack.extend(descriptor.nested_types)
+    return None
+
+
+def read_config_file(path: Path) -> mc.ModelConfig:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise invalid_arg(f"failed to read {path}: {exc.strerror}") from None
+    return parse_config_text(text, str(path))
+
+
+def resolve_backend(config: mc.ModelConfig) -> None:
+    """Fill `backend` from `platform` and vice versa, as Triton does."""
+    if not config.backend and config.platform in PLATFORM_TO_BACKEND:
+        config.backend = PLATFORM_TO_BACKEND[config.platform]
+    if not config.platform and config.backend in BACKEND_TO_PLATFORM:
+        config.platform = BACKEND_TO_PLATFORM[config.backend]
+
+
+def normalize(config: mc.ModelConfig, *, gpu_count: int = 0) -> None:
+    """Fill in the defaults Triton's normalization fills (in place)."""
+    resolve_backend(config)
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+    if not config.default_model_filename and config.backend in DEFAULT_MODEL_FILENAME:
+        config.default_model_filename = DEFAULT_MODEL_FILENAME[config.backend]
+    _normalize_optimization(config)
+    _normalize_instance_groups(config, gpu_count)
+    if config.HasField("dynamic_batching"):
+        _normalize_dynamic_batching(config)
+
+
+def _normalize_optimization(config: mc.ModelConfig) -> None:
+    optimization = config.optimization
+    if not optimization.HasField("input_pinned_memory"):
+        optimization.input_pinned_memory.enable = True
+    if not optimization.HasField("output_pinned_memory"):
+        optimization.output_pinned_memory.enable = True
+
+
+def _normalize_instance_groups(config: mc.ModelConfig, gpu_count: int) -> None:
+    if not config.instance_group:
+        config.instance_group.add()
+    for group in config.instance_group:
+        if not group.name:
+            group.name = config.name
+        if group.count < 1:
+            group.count = 1
+        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
+            group.kind = (
+                mc.ModelInstanceGroup.KIND_GPU if gpu_count > 0 else mc.ModelInstanceGroup.KIND_CPU
+            )
+        if group.kind == mc.ModelInstanceGroup.KIND_GPU and not group.gpus and gpu_count > 0:
+            group.gpus.extend(range(gpu_count))
+
+
+def _normalize_dynamic_batching(config: mc.ModelConfig) -> None:
+    batching = config.dynamic_batching
+    if not batching.preferred_batch_size and config.max_batch_size > 0:
+        batching.preferred_batch_size.append(config.max_batch_size)
+    if batching.priority_levels > 0 and batching.default_priority_level == 0:
+        batching.default_priority_level = batching.priority_levels
+    for size in batching.preferred_batch_size:
+        if config.max_batch_size > 0 and size > config.max_batch_size:
+            raise invalid_arg(
+                f"dynamic batching preferred size must be <= max batch size for {config.name}"
+            )
+
+
+def validate_name(config: mc.ModelConfig, folder_name: str) -> None:
+    if config.name and config.name != folder_name:
+        raise invalid_arg(
+            f"unexpected directory name '{folder_name}' for model '{config.name}', "
+            "directory name must equal model name"
+        )
+
+
+def validate(config: mc.ModelConfig, folder_name: str) -> None:
+    """Checks Triton makes on any config before a backend sees it."""
+    validate_name(config, folder_name)
+    if config.max_batch_size < 0:
+        raise invalid_arg(f"'max_batch_size' must be non-negative value for {config.name}")
+    if not config.backend and not config.platform:
+        raise invalid_arg(
+            f"unexpected platform type '' for {config.name}: set 'backend' or 'platform'"
+        )
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        for tensor in tensors:
+            _validate_tensor(config, kind, tensor)
+
+
+def _validate_tensor(config: mc.ModelConfig, kind: str, tensor: mc.ModelInput) -> None:
+    if not tensor.name:
+        raise invalid_arg(f"model '{config.name}' has an {kind} with no name")
+    if tensor.data_type == mc.TYPE_INVALID:
+        raise invalid_arg(
+            f"model '{config.name}' must specify 'data_type' for {kind} '{tensor.name}'"
+        )
+    if not tensor.dims and not tensor.HasField("reshape"):
+        raise invalid_arg(f"model '{config.name}' must specify 'dims' for {kind} '{tensor.name}'")
+    for dim in tensor.dims:
+        if dim < -1 or dim == 0:
+            raise invalid_arg(
+                f"dimension for {kind} '{tensor.name}' of model '{config.name}' must be "
+                f"-1 or a positive integer, got {dim}"
+            )
+
+
+def datatype_name(data_type: int) -> str:
+    """"TYPE_FP32" for mc.TYPE_FP32."""
+    return str(mc.DataType.Name(data_type))
+
+
+def config_error(model: str, exc: InferenceServerError) -> InferenceServerError:
+    return InferenceServerError(exc.code, f"model '{model}': {exc.message}")

@@ -1,0 +1,179 @@
+"""The model repository on disk: scanning folders, reading configs, choosing versions, loading.
+
+Everything here is blocking file and framework work; the server core runs it on loader threads,
+never on the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from oceanus.backends import get_backend
+from oceanus.backends.base import Backend, BackendInstance, InstanceSpec
+from oceanus.core import model_config
+from oceanus.core.errors import InferenceServerError, invalid_arg
+
+log = logging.getLogger("oceanus.core.repository")
+
+CONFIG_FILENAME = "config.pbtxt"
+
+
+def scan(repositories: Iterable[Path]) -> dict[str, Path]:
+    """Model name -> model folder for every folder in the repositories (hidden ones skipped)."""
+    found: dict[str, Path] = {}
+    for repository in repositories:
+        for entry in sorted(repository.iterdir()):
+            if not entry.is_dir() or entry.name.startswith("."):
+                continue
+            if entry.name in found:
+                raise invalid_arg(
+                    f"model '{entry.name}' appears in multiple repositories: "
+                    f"{found[entry.name].parent} and {repository}"
+                )
+            found[entry.name] = entry
+    return found
+
+
+def version_folders(model_dir: Path) -> dict[int, Path]:
+    """Numeric subfolders; anything else is ignored, as in Triton."""
+    versions: dict[int, Path] = {}
+    for entry in model_dir.iterdir():
+        if entry.is_dir() and entry.name.isdigit() and not entry.name.startswith("0"):
+            versions[int(entry.name)] = entry
+    return versions
+
+
+def select_versions(policy: mc.ModelVersionPolicy, available: Iterable[int]) -> list[int]:
+    ordered = sorted(available)
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "all":
+        return ordered
+    if choice == "specific":
+        return [v for v in ordered if v in set(policy.specific.versions)]
+    count = policy.latest.num_versions or 1
+    return ordered[-count:]
+
+
+def read_config(model_dir: Path, autocomplete: bool) -> mc.ModelConfig:
+    """The model's config as written, or a minimal one when auto-complete may fill it."""
+    path = model_dir / CONFIG_FILENAME
+    if path.exists():
+        config = model_config.read_config_file(path)
+    elif autocomplete:
+        config = mc.ModelConfig()
+    else:
+        raise invalid_arg(
+            f"failed to load model '{model_dir.name}': config.pbtxt is required when "
+            "auto-complete is disabled (--disable-auto-complete-config)"
+        )
+    if not config.name:
+        config.name = model_dir.name
+    if not config.backend and not config.platform and autocomplete:
+        _guess_platform(config, model_dir)
+    return config
+
+
+def _guess_platform(config: mc.ModelConfig, model_dir: Path) -> None:
+    """Triton's auto-complete recognizes a model by its file name."""
+    for version_dir in version_folders(model_dir).values():
+        if (version_dir / "model.onnx").exists():
+            config.backend = "onnxruntime"
+            return
+
+
+@dataclass
+class LoadedVersion:
+    version: int
+    path: Path
+    instances: list[tuple[InstanceSpec, BackendInstance]] = field(default_factory=list)
+    error: InferenceServerError | None = None
+    load_seconds: float = 0.0
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    config: mc.ModelConfig
+    versions: list[LoadedVersion]
+
+
+def prepare_config(model_dir: Path, autocomplete: bool, gpu_count: int) -> tuple[
+    mc.ModelConfig, Backend, dict[int, Path]
+]:
+    """Read, complete, validate and normalize a model's config (blocking)."""
+    config = read_config(model_dir, autocomplete)
+    model_config.validate_name(config, model_dir.name)
+    model_config.resolve_backend(config)
+    backend = get_backend(config.backend or config.platform)
+    available = version_folders(model_dir)
+    if config.HasField("version_policy"):
+        policy = config.version_policy
+    else:
+        policy = mc.ModelVersionPolicy()
+        policy.latest.num_versions = 1
+    chosen = select_versions(policy, available)
+    if chosen:
+        newest = chosen[-1]
+        backend.complete_config(config, backend.model_path(config, available[newest]), autocomplete)
+    model_config.validate(config, model_dir.name)
+    model_config.normalize(config, gpu_count=gpu_count)
+    return config, backend, {v: available[v] for v in chosen}
+
+
+def instance_specs(config: mc.ModelConfig, gpu_count: int, cpu_count: int) -> list[InstanceSpec]:
+    """One spec per instance, named as Triton names them, GPU kinds falling back to CPU."""
+    total = sum(group.count for group in config.instance_group) or 1
+    # Instances of one model share the cores instead of each taking all of them.
+    threads = max(1, cpu_count // total)
+    specs: list[InstanceSpec] = []
+    warned = False
+    used: dict[str, int] = {}
+    for group in config.instance_group:
+        gpus = list(group.gpus) or [0]
+        for index in range(group.count):
+            number = used.get(group.name, 0)
+            used[group.name] = number + 1
+            kind = "CPU"
+            device = 0
+            if group.kind == mc.ModelInstanceGroup.KIND_GPU:
+                if gpu_count > 0:
+                    kind, device = "GPU", gpus[index % len(gpus)]
+                elif not warned:
+                    log.warning(
+                        "model '%s': instance group '%s' asks for KIND_GPU but no GPU is "
+                        "available; running it on the CPU",
+                        config.name,
+                        group.name,
+                    )
+                    warned = True
+            specs.append(InstanceSpec(f"{group.name}_{number}", kind, device, threads))
+    return specs
+
+
+def load_version(
+    config: mc.ModelConfig, backend: Backend, version: int, path: Path, gpu_count: int
+) -> LoadedVersion:
+    """Create every instance of one version (blocking); an error is kept, not raised."""
+    started = time.monotonic()
+    loaded = LoadedVersion(version=version, path=path)
+    try:
+        model_path = backend.model_path(config, path)
+        for spec in instance_specs(config, gpu_count, os.cpu_count() or 1):
+            loaded.instances.append((spec, backend.load(config, model_path, spec)))
+    except InferenceServerError as exc:
+        loaded.error = exc
+    except Exception as exc:
+        loaded.error = invalid_arg(f"failed to load '{config.name}' version {version}: {exc}")
+    if loaded.error is not None:
+        for _, instance in loaded.instances:
+            instance.close()
+        loaded.instances.clear()
+    loaded.load_seconds = time.monotonic() - started
+    return loaded

@@ -1,0 +1,328 @@
+"""The scheduler of one model version: queues, the dynamic batcher, and dispatch to instances.
+
+It runs on the event loop and never blocks: it only decides which queued requests form the next
+batch and which idle instance gets it. Instances execute on their own threads and report back
+through `_on_batch_done`, also on the loop, where responses and statistics are completed.
+
+Semantics follow Triton's dynamic batcher (server docs/user_guide/batcher.md):
+- a batch is formed only when an instance is free, so while all are busy the queue grows into the
+  next batch;
+- the largest preferred batch size that can be formed is sent at once; otherwise the batcher waits
+  up to `max_queue_delay_microseconds` (from the oldest request) for the batch to fill, then sends
+  what it has; without preferred sizes, a batch that reached max_batch_size is sent at once;
+- requests whose non-batch shapes differ are never merged; the batch stops at the first one;
+- priority levels are separate queues served highest priority (lowest number) first, each with its
+  queue policy (max_queue_size, timeouts with REJECT or DELAY).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from oceanus.core.errors import ErrorCode, InferenceServerError, unavailable
+from oceanus.core.instance import BatchResult, InstanceWorker, Job
+from oceanus.core.statistics import ModelStatistics
+
+log = logging.getLogger("oceanus.core.scheduler")
+
+# Triton's test hook: hold the first batch until this many requests are queued.
+DELAY_SCHEDULER_ENV = "TRITONSERVER_DELAY_SCHEDULER"
+
+# (job, its outputs, the batch's timings, completion time, error)
+JobDone = Callable[
+    [Job, "dict[str, np.ndarray] | None", BatchResult | None, int, InferenceServerError | None],
+    None,
+]
+Held = tuple[
+    Job, "dict[str, np.ndarray] | None", BatchResult | None, int, InferenceServerError | None
+]
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePolicy:
+    max_queue_size: int = 0
+    default_timeout_us: int = 0
+    allow_timeout_override: bool = False
+    delay_on_timeout: bool = False
+
+    @classmethod
+    def from_proto(cls, policy: mc.ModelQueuePolicy) -> QueuePolicy:
+        return cls(
+            max_queue_size=policy.max_queue_size,
+            default_timeout_us=policy.default_timeout_microseconds,
+            allow_timeout_override=policy.allow_timeout_override,
+            delay_on_timeout=policy.timeout_action == mc.ModelQueuePolicy.DELAY,
+        )
+
+
+class Scheduler:
+    """Queues requests of one model version and dispatches batches to its instances."""
+
+    def __init__(
+        self,
+        config: mc.ModelConfig,
+        workers: list[InstanceWorker],
+        stats: ModelStatistics,
+        on_job_done: JobDone,
+    ) -> None:
+        self._workers = workers
+        self._idle: list[InstanceWorker] = list(reversed(workers))
+        self._stats = stats
+        self._on_job_done = on_job_done
+        self._max_batch = config.max_batch_size
+        self._dynamic = config.HasField("dynamic_batching")
+        batching = config.dynamic_batching
+        self._preferred = sorted(set(batching.preferred_batch_size))
+        self._max_preferred = self._preferred[-1] if self._preferred else self._max_batch
+        self._delay_ns = batching.max_queue_delay_microseconds * 1000
+        self._preserve_ordering = batching.preserve_ordering
+        levels = batching.priority_levels if self._dynamic else 0
+        self._levels = max(levels, 1)
+        self._default_level = batching.default_priority_level if levels else 1
+        default_policy = QueuePolicy.from_proto(batching.default_queue_policy)
+        self._policies = [default_policy] * (self._levels + 1)
+        for level, policy in batching.priority_queue_policy.items():
+            if 1 <= level <= self._levels:
+                self._policies[level] = QueuePolicy.from_proto(policy)
+        # queues[level] and delayed[level], index 0 unused so levels read as in the config
+        self._queues: list[deque[Job]] = [deque() for _ in range(self._levels + 1)]
+        self._delayed: list[deque[Job]] = [deque() for _ in range(self._levels + 1)]
+        self._queued = 0
+        self._executing = 0
+        self._next_seq = 0
+        self._next_to_deliver = 0
+        self._held: dict[int, Held] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at_ns = 0
+        self._delay_count = int(os.environ.get(DELAY_SCHEDULER_ENV, "0") or 0) if self._dynamic else 0
+        self._closed = False
+        for worker in workers:
+            worker.start(self._on_batch_done)
+
+    # ---- queue side -------------------------------------------------------------------------
+
+    @property
+    def pending_count(self) -> int:
+        """Requests queued or executing (Triton's nv_inference_pending_request_count)."""
+        return self._queued + self._executing
+
+    @property
+    def queued_count(self) -> int:
+        return self._queued
+
+    def enqueue(self, job: Job) -> None:
+        """Queue one request; raises UNAVAILABLE when its priority queue is full."""
+        if self._closed:
+            raise unavailable("model is being unloaded")
+        level = self._level_of(job)
+        policy = self._policies[level]
+        if policy.max_queue_size and len(self._queues[level]) + len(self._delayed[level]) >= (
+            policy.max_queue_size
+        ):
+            raise unavailable("Exceeds maximum queue size")
+        job.priority = level
+        job.enqueued_ns = time.monotonic_ns()
+        timeout_us = policy.default_timeout_us
+        if policy.allow_timeout_override:
+            requested = job.request.parameters.get("timeout")
+            if isinstance(requested, int) and requested > 0:
+                timeout_us = requested
+        job.deadline_ns = job.enqueued_ns + timeout_us * 1000 if timeout_us else 0
+        job.seq = self._next_seq
+        self._next_seq += 1
+        self._queues[level].append(job)
+        self._queued += 1
+        job.future.add_done_callback(lambda _f, job=job: self._forget_if_cancelled(job))
+        self._dispatch()
+
+    def _level_of(self, job: Job) -> int:
+        if self._levels == 1:
+            return 1
+        priority = job.request.parameters.get("priority", 0)
+        if not isinstance(priority, int) or priority <= 0 or priority > self._levels:
+            return self._default_level
+        return priority
+
+    def _forget_if_cancelled(self, job: Job) -> None:
+        """A request cancelled while queued (client gone) leaves the queue at once."""
+        if not job.future.cancelled() or job.started_ns:
+            return
+        for queues in (self._queues, self._delayed):
+            try:
+                queues[job.priority].remove(job)
+            except ValueError:
+                continue
+            self._queued -= 1
+            self._finish(job, None, time.monotonic_ns(), None)
+            return
+
+    # ---- batch formation --------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        while self._idle and self._queued:
+            batch = self._form_batch()
+            if not batch:
+                return
+            worker = self._idle.pop()
+            now = time.monotonic_ns()
+            for job in batch:
+                job.started_ns = now
+            self._queued -= len(batch)
+            self._executing += len(batch)
+            worker.submit(batch)
+
+    def _ordered(self) -> Iterator[tuple[deque[Job], Job]]:
+        for level in range(1, self._levels + 1):
+            for queue in (self._queues[level], self._delayed[level]):
+                yield from ((queue, job) for job in queue)
+
+    def _expire(self, now: int) -> None:
+        """Reject or delay requests whose queue timeout passed."""
+        for level in range(1, self._levels + 1):
+            queue = self._queues[level]
+            if not any(job.deadline_ns and job.deadline_ns <= now for job in queue):
+                continue
+            keep: deque[Job] = deque()
+            for job in queue:
+                if job.deadline_ns and job.deadline_ns <= now:
+                    if self._policies[level].delay_on_timeout:
+                        job.delayed = True
+                        self._delayed[level].append(job)
+                        continue
+                    self._queued -= 1
+                    self._finish(job, None, now, unavailable("Request timeout expired"))
+                else:
+                    keep.append(job)
+            self._queues[level] = keep
+
+    def _form_batch(self) -> list[Job]:
+        now = time.monotonic_ns()
+        self._expire(now)
+        if not self._queued:
+            return []
+        if self._delay_count:
+            if self._queued < self._delay_count:
+                return []
+            self._delay_count = 0
+        if not self._dynamic or self._max_batch == 0:
+            queue, job = next(self._ordered())
+            return [self._pop(queue, job)]
+        return self._form_dynamic_batch(now)
+
+    def _form_dynamic_batch(self, now: int) -> list[Job]:
+        chosen: list[tuple[deque[Job], Job]] = []
+        rows = 0
+        preferred_cut = 0
+        full = False
+        first: Job | None = None
+        for queue, job in self._ordered():
+            if first is None:
+                first = job
+            elif rows + job.rows > self._max_batch or not _same_shapes(first, job):
+                full = True
+                break
+            chosen.append((queue, job))
+            rows += job.rows
+            if rows in self._preferred:
+                preferred_cut = len(chosen)
+            if rows >= self._max_batch:
+                full = True
+                break
+        oldest = min(job.enqueued_ns for _, job in chosen)
+        if rows >= self._max_preferred and self._preferred:
+            full = True
+        if not full and preferred_cut:
+            chosen = chosen[:preferred_cut]
+        elif not full and self._delay_ns and now - oldest < self._delay_ns:
+            self._wake_at(oldest + self._delay_ns)
+            return []
+        return [self._pop(queue, job) for queue, job in chosen]
+
+    def _pop(self, queue: deque[Job], job: Job | None = None) -> Job:
+        if job is None or (queue and queue[0] is job):
+            return queue.popleft()
+        queue.remove(job)
+        return job
+
+    def _wake_at(self, at_ns: int) -> None:
+        if self._timer is not None and self._timer_at_ns <= at_ns:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._timer_at_ns = at_ns
+        self._timer = loop.call_at(at_ns / 1e9, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._dispatch()
+
+    # ---- completion -------------------------------------------------------------------------
+
+    def _on_batch_done(self, worker: InstanceWorker, batch: list[Job], result: BatchResult) -> None:
+        now = time.monotonic_ns()
+        self._executing -= len(batch)
+        self._idle.append(worker)
+        if result.error is None:
+            self._stats.record_execution(
+                sum(job.rows for job in batch), result.input_ns, result.infer_ns, result.output_ns
+            )
+        for index, job in enumerate(batch):
+            self._finish(job, result, now, result.error, index)
+        if not self._closed:
+            self._dispatch()
+
+    def _finish(
+        self,
+        job: Job,
+        result: BatchResult | None,
+        now: int,
+        error: InferenceServerError | None,
+        index: int = 0,
+    ) -> None:
+        outputs = result.outputs[index] if result is not None and error is None else None
+        if not self._preserve_ordering:
+            self._on_job_done(job, outputs, result, now, error)
+            return
+        self._held[job.seq] = (job, outputs, result, now, error)
+        while self._next_to_deliver in self._held:
+            self._on_job_done(*self._held.pop(self._next_to_deliver))
+            self._next_to_deliver += 1
+
+    def close(self) -> None:
+        """Stop accepting work and fail whatever is still queued."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        now = time.monotonic_ns()
+        for queues in (self._queues, self._delayed):
+            for queue in queues:
+                while queue:
+                    self._queued -= 1
+                    self._finish(
+                        queue.popleft(),
+                        None,
+                        now,
+                        InferenceServerError(ErrorCode.UNAVAILABLE, "model is being unloaded"),
+                    )
+
+    def stop_workers(self) -> None:
+        for worker in self._workers:
+            worker.stop()
+
+
+def _same_shapes(a: Job, b: Job) -> bool:
+    for name, array in a.inputs.items():
+        other = b.inputs.get(name)
+        if other is None or other.shape[1:] != array.shape[1:]:
+            return False
+    return True

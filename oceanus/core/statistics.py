@@ -1,0 +1,116 @@
+"""Per model version statistics: the one source for `/v2/models/stats` and Prometheus metrics.
+
+All updates happen on the event loop thread (the scheduler reports completed batches there), so
+no locks are needed; readers on the same loop see consistent numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+    def as_dict(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass(slots=True)
+class BatchStats:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+# Reasons Triton's `nv_inference_request_failure` metric labels failures with.
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
+
+@dataclass(slots=True)
+class ModelStatistics:
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
+    inference_count: int = 0
+    execution_count: int = 0
+    last_inference_ms: int = 0
+    batches: dict[int, BatchStats] = field(default_factory=dict)
+    failures_by_reason: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0)
+    )
+
+    def record_success(
+        self,
+        request_ns: int,
+        queue_ns: int,
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+        rows: int,
+    ) -> None:
+        self.success.add(request_ns)
+        self.queue.add(queue_ns)
+        self.compute_input.add(input_ns)
+        self.compute_infer.add(infer_ns)
+        self.compute_output.add(output_ns)
+        self.inference_count += rows
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def record_failure(self, request_ns: int, reason: str) -> None:
+        self.fail.add(request_ns)
+        self.failures_by_reason[reason] = self.failures_by_reason.get(reason, 0) + 1
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def record_execution(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        self.execution_count += 1
+        stats = self.batches.get(batch_size)
+        if stats is None:
+            stats = self.batches[batch_size] = BatchStats()
+        stats.compute_input.add(input_ns)
+        stats.compute_infer.add(infer_ns)
+        stats.compute_output.add(output_ns)
+
+    def as_dict(self, name: str, version: str) -> dict[str, Any]:
+        """Triton's layout of one entry of `model_stats`."""
+        return {
+            "name": name,
+            "version": version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.as_dict(),
+                "fail": self.fail.as_dict(),
+                "queue": self.queue.as_dict(),
+                "compute_input": self.compute_input.as_dict(),
+                "compute_infer": self.compute_infer.as_dict(),
+                "compute_output": self.compute_output.as_dict(),
+                "cache_hit": self.cache_hit.as_dict(),
+                "cache_miss": self.cache_miss.as_dict(),
+            },
+            "response_stats": {},
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": stats.compute_input.as_dict(),
+                    "compute_infer": stats.compute_infer.as_dict(),
+                    "compute_output": stats.compute_output.as_dict(),
+                }
+                for size, stats in sorted(self.batches.items())
+            ],
+            "memory_usage": [],
+        }

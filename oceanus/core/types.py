@@ -1,0 +1,56 @@
+"""Plain data that crosses between frontends and the core: requests, tensors, responses.
+
+Everything here is names, datatype names, shapes and numpy arrays, never wire objects, so any
+frontend (and later, a frontend in another process) can build them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class Tensor:
+    """A named tensor: Triton datatype name, shape, and the data as a numpy array of that shape."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: np.ndarray
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    """An output the client asked for, with its per-output parameters (binary_data, class_count)."""
+
+    name: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferRequest:
+    model_name: str
+    model_version: str = ""
+    id: str = ""
+    inputs: list[Tensor] = field(default_factory=list)
+    # None means "every output of the model".
+    outputs: list[RequestedOutput] | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    # Monotonic receive time, taken by the frontend as the request arrives.
+    received_ns: int = field(default_factory=time.monotonic_ns)
+
+
+@dataclass(slots=True)
+class InferResponse:
+    model_name: str
+    model_version: str
+    id: str
+    outputs: list[Tensor]
+    # Per requested output parameters, echoed from the request so frontends can honour them.
+    requested: dict[str, RequestedOutput] | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,150 @@
+"""The server process: starts the core and the frontends on one event loop, stops them cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+import uvicorn
+
+from oceanus.core.model import ModelState
+from oceanus.core.server import CoreOptions, ServerCore
+from oceanus.frontends.http.app import HttpFrontend
+from oceanus.logs import configure, table
+from oceanus.settings import Settings
+
+log = logging.getLogger("oceanus.server")
+
+# Extensions listed by server metadata: only those really implemented.
+HTTP_EXTENSIONS = ["binary_tensor_data", "statistics", "model_repository"]
+
+
+def _repositories(settings: Settings) -> list[Path]:
+    if settings.model_repositories:
+        return [Path(p).expanduser().resolve() for p in settings.model_repositories]
+    from oceanus.examples import example_repository
+
+    log.info("no --model-repository given: serving the built-in example repository")
+    return [example_repository()]
+
+
+class Server:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.core: ServerCore | None = None
+        self._stop = asyncio.Event()
+        self._http: uvicorn.Server | None = None
+        self._http_loop: asyncio.Task[None] | None = None
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> int:
+        settings = self.settings
+        for path in settings.model_repositories:
+            if not Path(path).is_dir():
+                log.error("failed to stat file %s", path)
+                return 1
+        repositories = await asyncio.get_running_loop().run_in_executor(
+            None, _repositories, settings
+        )
+        self.core = core = ServerCore(
+            CoreOptions(
+                repositories=repositories,
+                autocomplete=settings.autocomplete,
+                strict_readiness=settings.strict_readiness,
+                load_threads=settings.model_load_thread_count or 1,
+                extensions=list(HTTP_EXTENSIONS),
+            )
+        )
+        await core.start()
+        self._log_models()
+        failures = core.load_failures()
+        if failures and settings.exit_on_error:
+            for model, reason in failures:
+                log.error("model '%s' failed to load: %s", model, reason)
+            log.error("exiting: failed to load all models (--exit-on-error=true)")
+            await core.shutdown()
+            return 1
+        try:
+            if settings.allow_http:
+                await self._start_http(core)
+            await self._stop.wait()
+            log.info("stopping: waiting for in-flight requests")
+        finally:
+            await self._stop_http()
+            await core.shutdown()
+        return 0
+
+    def _log_models(self) -> None:
+        assert self.core is not None
+        rows: list[list[str]] = []
+        for entry in sorted(self.core.models.values(), key=lambda e: e.name):
+            if entry.error and not entry.versions:
+                rows.append([entry.name, "-", f"UNAVAILABLE: {entry.error}"])
+            for number, version in sorted(entry.versions.items()):
+                status = version.state.value
+                if version.state is ModelState.UNAVAILABLE:
+                    status = f"UNAVAILABLE: {version.reason}"
+                rows.append([entry.name, str(number), status])
+        log.info("\n%s", table(["Model", "Version", "Status"], rows))
+
+    async def _start_http(self, core: ServerCore) -> None:
+        settings = self.settings
+        config = uvicorn.Config(
+            HttpFrontend(core, settings.http_max_input_size),
+            host=settings.http_address,
+            port=settings.http_port,
+            loop="none",
+            http="httptools",
+            lifespan="off",
+            access_log=False,
+            log_level="warning",
+            timeout_graceful_shutdown=settings.exit_timeout_secs,
+            server_header=False,
+        )
+        self._http = uvicorn.Server(config)
+        # What uvicorn's serve() does before startup(); we own signals and the main loop.
+        config.load()
+        self._http.lifespan = config.lifespan_class(config)
+        await self._http.startup()
+        if self._http.should_exit:
+            raise SystemExit(f"failed to start HTTP service on {settings.http_address}:{settings.http_port}")
+        self._http_loop = asyncio.create_task(self._http.main_loop())
+        log.info("Started HTTPService at %s:%d", settings.http_address, settings.http_port)
+
+    async def _stop_http(self) -> None:
+        if self._http is None:
+            return
+        self._http.should_exit = True
+        if self._http_loop is not None:
+            await self._http_loop
+        await self._http.shutdown()
+
+
+def _install_uvloop() -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
+        pass
+
+
+def run(settings: Settings, ignored_flags: list[str] | None = None) -> int:
+    """Run the server until SIGINT/SIGTERM; returns the process exit code."""
+    configure(settings.log)
+    for flag in ignored_flags or []:
+        log.warning("flag %s is accepted for compatibility but not implemented; ignoring it", flag)
+    _install_uvloop()
+
+    async def main() -> int:
+        server = Server(settings)
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, server.request_stop)
+        return await server.run()
+
+    return asyncio.run(main())

@@ -1,0 +1,36 @@
+"""Everything the server is told at start, as one typed object (filled by the CLI)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from oceanus.logs import LogSettings
+
+
+@dataclass
+class Settings:
+    model_repositories: list[str] = field(default_factory=list)
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    http_address: str = "0.0.0.0"
+    grpc_address: str = "0.0.0.0"
+    metrics_address: str = "0.0.0.0"
+    allow_http: bool = True
+    allow_grpc: bool = True
+    allow_metrics: bool = True
+    allow_gpu_metrics: bool = True
+    allow_cpu_metrics: bool = True
+    metrics_interval_ms: int = 2000
+    autocomplete: bool = True
+    exit_on_error: bool = True
+    strict_readiness: bool = True
+    exit_timeout_secs: int = 30
+    http_max_input_size: int = 64 * 1024 * 1024
+    model_control_mode: str = "none"
+    load_models: list[str] = field(default_factory=list)
+    repository_poll_secs: int = 15
+    model_load_thread_count: int = 4
+    backend_config: list[str] = field(default_factory=list)
+    server_id: str = "triton"
+    log: LogSettings = field(default_factory=LogSettings)
