@@ -56,6 +56,9 @@ class HttpFrontend:
             await _send_error(send, exc.status, exc.message)
         except InferenceServerError as exc:
             await _send_error(send, http_status(exc.code), exc.message)
+        except Exception as exc:  # a bug must cost one request, never the server
+            log.exception("unexpected error serving %s %s", scope["method"], scope["path"])
+            await _send_error(send, 500, f"internal error: {type(exc).__name__}: {exc}")
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         method: str = scope["method"]

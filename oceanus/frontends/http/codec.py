@@ -204,8 +204,8 @@ def _json_data(array: np.ndarray, datatype: str) -> Any:
 def _binary_bytes(array: np.ndarray, datatype: str) -> bytes | memoryview:
     if datatype == "BYTES":
         return datatypes.serialize_bytes(array)
-    contiguous = np.ascontiguousarray(array)
-    return memoryview(contiguous).cast("B") if contiguous.size else b""
+    # a uint8 view works for every dtype, bfloat16 included (memoryview cannot format it)
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
 
 def encode_infer_response(
