@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install Oceanus with its test dependencies and run the whole test suite.
+# Used verbatim by the README and by .ci/run.
+#
+# perf_analyzer (NVIDIA's load generator) is installed when ../shared/perf_analyzer/setup.sh
+# exists beside the checkout; the tests that need it skip, saying why, when it is not there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install -q -e ".[test]"
+pa_setup="../shared/perf_analyzer/setup.sh"
+if [ -z "${OCEANUS_SKIP_PERF_ANALYZER:-}" ] && [ -f "$pa_setup" ] && [ ! -x "${PA_VENV:-/tmp/pa-venv}/bin/perf_analyzer" ]; then
+  bash "$pa_setup" "${PA_VENV:-/tmp/pa-venv}" >/tmp/oceanus-pa-setup.log 2>&1 \
+    || echo "perf_analyzer setup failed (see /tmp/oceanus-pa-setup.log); its tests will skip"
+fi
+exec python3 -m pytest "$@"

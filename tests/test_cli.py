@@ -1,0 +1,115 @@
+"""The command line: tritonserver's flags, bad flags, exit-on-error both ways."""
+
+from __future__ import annotations
+
+import http.client
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "oceanus", *args],
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["--http-port=abc"], "invalid port 'abc'"),
+        (["--exit-on-error=maybe"], "invalid boolean value 'maybe'"),
+        (["--model-control-mode=sometimes"], "invalid choice: 'sometimes'"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_clear_line(args: list[str], words: str) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert words in lines[0]
+
+
+def test_help_lists_triton_flag_names() -> None:
+    result = run_cli("--help")
+    assert result.returncode == 0
+    for flag in ("--model-repository", "--http-port", "--grpc-port", "--metrics-port",
+                 "--exit-on-error", "--strict-readiness", "--disable-auto-complete-config",
+                 "--log-verbose", "--http-max-input-size"):
+        assert flag in result.stdout
+
+
+def test_missing_repository_folder_fails() -> None:
+    result = run_cli("--model-repository=/nonexistent/models", "--http-port=0")
+    assert result.returncode == 1
+
+
+@pytest.fixture
+def broken_repository(tmp_path: Path, model_repository: Path) -> Path:
+    shutil.copytree(model_repository / "simple", tmp_path / "simple")
+    broken = tmp_path / "broken"
+    (broken / "1").mkdir(parents=True)
+    shutil.copy(model_repository / "simple" / "1" / "model.onnx", broken / "1" / "model.onnx")
+    (broken / "config.pbtxt").write_text(
+        'name: "broken"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\ninput [ { name: }\n'
+    )
+    wrong_type = tmp_path / "wrong_type"
+    shutil.copytree(model_repository / "simple", wrong_type)
+    config = (wrong_type / "config.pbtxt").read_text()
+    (wrong_type / "config.pbtxt").write_text(
+        config.replace('"simple"', '"wrong_type"').replace("TYPE_INT32", "TYPE_FP32", 1)
+    )
+    return tmp_path
+
+
+def test_exit_on_error_true_names_the_model_and_reason(broken_repository: Path) -> None:
+    result = run_cli(f"--model-repository={broken_repository}", "--http-port=0",
+                     "--grpc-port=0", "--metrics-port=0", "--allow-grpc=false",
+                     "--allow-metrics=false")
+    assert result.returncode == 1
+    assert "model 'broken' failed to load" in result.stderr
+    assert "4:" in result.stderr  # the parse error names its line
+    assert "wrong_type" in result.stderr
+    assert "configuration expects datatype TYPE_FP32 for input 'INPUT0'" in result.stderr
+
+
+def get(server: Any, method: str, path: str) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
+    connection.request(method, path)
+    response = connection.getresponse()
+    return response.status, response.read()
+
+
+def test_exit_on_error_false_serves_the_good_models(broken_repository: Path, launch: Any) -> None:
+    server = launch([broken_repository], ["--exit-on-error=false"])
+    assert get(server, "GET", "/v2/models/simple/ready")[0] == 200
+    assert get(server, "GET", "/v2/models/broken/ready")[0] == 400
+    # strict readiness: a model that failed makes the server not ready
+    assert get(server, "GET", "/v2/health/ready")[0] == 400
+    status, body = get(server, "POST", "/v2/repository/index")
+    index = {entry["name"]: entry for entry in orjson.loads(body)}
+    assert index["simple"]["state"] == "READY"
+    assert index["broken"]["state"] == "UNAVAILABLE"
+    assert "failed to parse" in index["broken"]["reason"]
+    assert index["wrong_type"]["state"] == "UNAVAILABLE"
+    assert "TYPE_FP32" in index["wrong_type"]["reason"]
+    # the model table is in the log
+    assert "| simple" in server.log()
+
+
+def test_strict_readiness_false_ignores_failed_models(broken_repository: Path, launch: Any) -> None:
+    server = launch([broken_repository], ["--exit-on-error=false", "--strict-readiness=false"])
+    assert get(server, "GET", "/v2/health/ready")[0] == 200
+
+
+def test_sigterm_stops_cleanly(model_repository: Path, launch: Any) -> None:
+    server = launch([model_repository], ["--allow-grpc=false"])
+    assert server.stop() == 0
+    assert "Started HTTPService at 127.0.0.1" in server.log()
