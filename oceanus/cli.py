@@ -40,22 +40,10 @@ IGNORED_FLAGS = (
     "--grpc-header-forward-pattern",
     "--grpc-infer-allocation-pool-size",
     "--grpc-max-response-pool-size",
-    "--grpc-use-ssl",
-    "--grpc-use-ssl-mutual",
-    "--grpc-server-cert",
-    "--grpc-server-key",
-    "--grpc-root-cert",
+    "--grpc-infer-thread-count",
     "--grpc-infer-response-compression-level",
-    "--grpc-keepalive-time",
-    "--grpc-keepalive-timeout",
-    "--grpc-keepalive-permit-without-calls",
-    "--grpc-http2-max-pings-without-data",
-    "--grpc-http2-min-recv-ping-interval-without-data",
-    "--grpc-http2-max-ping-strikes",
-    "--grpc-restricted-protocol",
     "--http-restricted-api",
     "--reuse-http-port",
-    "--reuse-grpc-port",
     "--trace-config",
     "--trace-file",
     "--trace-level",
@@ -170,14 +158,54 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(parser, "--log-error", True, "log errors")
     add("--log-format", choices=("default", "ISO8601"), default="default")
     add("--log-file", default="")
+    _grpc_options(parser)
     for name in IGNORED_FLAGS:
         add(name, dest="ignored_" + name[2:].replace("-", "_"), action="append", help=argparse.SUPPRESS)
     return parser
 
 
+def _grpc_options(parser: argparse.ArgumentParser) -> None:
+    """Triton's gRPC frontend flags (times in milliseconds)."""
+    add = parser.add_argument
+    _flag(parser, "--reuse-grpc-port", False, "let several servers listen on the gRPC port")
+    add("--grpc-keepalive-time", type=parse_nonnegative, default=7_200_000, metavar="MS")
+    add("--grpc-keepalive-timeout", type=parse_nonnegative, default=20_000, metavar="MS")
+    _flag(parser, "--grpc-keepalive-permit-without-calls", False,
+          "allow keepalive pings without calls in flight")
+    add("--grpc-http2-max-pings-without-data", type=parse_nonnegative, default=2)
+    add("--grpc-http2-min-recv-ping-interval-without-data", type=parse_nonnegative,
+        default=300_000, metavar="MS")
+    add("--grpc-http2-max-ping-strikes", type=parse_nonnegative, default=2)
+    add("--grpc-max-connection-age", type=parse_nonnegative, default=None, metavar="MS")
+    add("--grpc-max-connection-age-grace", type=parse_nonnegative, default=None, metavar="MS")
+    add("--grpc-restricted-protocol", action="append", default=[],
+        metavar="<protocols>:<key>=<value>",
+        help="RPC groups (health, metadata, inference, shared-memory, model-config, "
+        "model-repository, statistics, trace, logging) that need the metadata "
+        "'triton-grpc-protocol-<key>: <value>'")
+    _flag(parser, "--grpc-use-ssl", False, "serve gRPC over TLS")
+    _flag(parser, "--grpc-use-ssl-mutual", False, "serve gRPC over mutual TLS")
+    add("--grpc-server-cert", default="", metavar="PEM")
+    add("--grpc-server-key", default="", metavar="PEM")
+    add("--grpc-root-cert", default="", metavar="PEM")
+
+
 def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, list[str]]:
     """Settings from the command line, plus the ignored flags that were given."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from oceanus.frontends.grpc.restricted import parse_restricted_protocol
+
+    restricted: dict[str, tuple[str, str]] = {}
+    for value in args.grpc_restricted_protocol:
+        try:
+            parse_restricted_protocol(value, restricted)
+        except ValueError as exc:
+            parser.error(str(exc))
+    if (args.grpc_use_ssl or args.grpc_use_ssl_mutual) and not (
+        args.grpc_server_cert and args.grpc_server_key
+    ):
+        parser.error("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
     autocomplete = not args.disable_auto_complete_config
     if args.strict_model_config is not None:
         autocomplete = autocomplete and not args.strict_model_config
@@ -211,6 +239,23 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, list[str]]:
         model_load_thread_count=args.model_load_thread_count,
         backend_config=args.backend_config,
         server_id=args.server_id,
+        reuse_grpc_port=args.reuse_grpc_port,
+        grpc_keepalive_time=args.grpc_keepalive_time,
+        grpc_keepalive_timeout=args.grpc_keepalive_timeout,
+        grpc_keepalive_permit_without_calls=args.grpc_keepalive_permit_without_calls,
+        grpc_http2_max_pings_without_data=args.grpc_http2_max_pings_without_data,
+        grpc_http2_min_recv_ping_interval_without_data=(
+            args.grpc_http2_min_recv_ping_interval_without_data
+        ),
+        grpc_http2_max_ping_strikes=args.grpc_http2_max_ping_strikes,
+        grpc_max_connection_age=args.grpc_max_connection_age,
+        grpc_max_connection_age_grace=args.grpc_max_connection_age_grace,
+        grpc_restricted_protocols=restricted,
+        grpc_use_ssl=args.grpc_use_ssl,
+        grpc_use_ssl_mutual=args.grpc_use_ssl_mutual,
+        grpc_server_cert=args.grpc_server_cert,
+        grpc_server_key=args.grpc_server_key,
+        grpc_root_cert=args.grpc_root_cert,
         log=LogSettings(
             verbose=args.log_verbose,
             info=args.log_info,

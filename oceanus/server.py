@@ -11,6 +11,7 @@ import uvicorn
 
 from oceanus.core.model import ModelState
 from oceanus.core.server import CoreOptions, ServerCore
+from oceanus.frontends.grpc.server import GrpcFrontend, GrpcOptions
 from oceanus.frontends.http.app import HttpFrontend
 from oceanus.logs import configure, table
 from oceanus.settings import Settings
@@ -37,6 +38,7 @@ class Server:
         self._stop = asyncio.Event()
         self._http: uvicorn.Server | None = None
         self._http_loop: asyncio.Task[None] | None = None
+        self._grpc: GrpcFrontend | None = None
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -69,12 +71,15 @@ class Server:
             await core.shutdown()
             return 1
         try:
+            if settings.allow_grpc:
+                await self._start_grpc(core)
             if settings.allow_http:
                 await self._start_http(core)
             await self._stop.wait()
             log.info("stopping: waiting for in-flight requests")
         finally:
             await self._stop_http()
+            await self._stop_grpc()
             await core.shutdown()
         return 0
 
@@ -122,6 +127,44 @@ class Server:
         if self._http_loop is not None:
             await self._http_loop
         await self._http.shutdown()
+
+
+    async def _start_grpc(self, core: ServerCore) -> None:
+        settings = self.settings
+        options = GrpcOptions(
+            address=settings.grpc_address,
+            port=settings.grpc_port,
+            reuse_port=settings.reuse_grpc_port,
+            keepalive_time_ms=settings.grpc_keepalive_time,
+            keepalive_timeout_ms=settings.grpc_keepalive_timeout,
+            keepalive_permit_without_calls=settings.grpc_keepalive_permit_without_calls,
+            http2_max_pings_without_data=settings.grpc_http2_max_pings_without_data,
+            http2_min_recv_ping_interval_without_data_ms=(
+                settings.grpc_http2_min_recv_ping_interval_without_data
+            ),
+            http2_max_ping_strikes=settings.grpc_http2_max_ping_strikes,
+            max_connection_age_ms=settings.grpc_max_connection_age,
+            max_connection_age_grace_ms=settings.grpc_max_connection_age_grace,
+            restricted=settings.grpc_restricted_protocols,
+            use_ssl=settings.grpc_use_ssl,
+            use_ssl_mutual=settings.grpc_use_ssl_mutual,
+            server_cert=settings.grpc_server_cert,
+            server_key=settings.grpc_server_key,
+            root_cert=settings.grpc_root_cert,
+        )
+        self._grpc = GrpcFrontend(core, options)
+        try:
+            await self._grpc.start()
+        except OSError as exc:
+            self._grpc = None
+            raise SystemExit(str(exc)) from None
+        log.info("Started GRPCInferenceService at %s", options.endpoint)
+
+    async def _stop_grpc(self) -> None:
+        if self._grpc is None:
+            return
+        await self._grpc.stop(self.settings.exit_timeout_secs)
+        self._grpc = None
 
 
 def _install_uvloop() -> None:

@@ -34,3 +34,20 @@ class Settings:
     backend_config: list[str] = field(default_factory=list)
     server_id: str = "triton"
     log: LogSettings = field(default_factory=LogSettings)
+    # gRPC frontend (Triton's --grpc-* flags; times in milliseconds)
+    reuse_grpc_port: bool = False
+    grpc_keepalive_time: int = 7_200_000
+    grpc_keepalive_timeout: int = 20_000
+    grpc_keepalive_permit_without_calls: bool = False
+    grpc_http2_max_pings_without_data: int = 2
+    grpc_http2_min_recv_ping_interval_without_data: int = 300_000
+    grpc_http2_max_ping_strikes: int = 2
+    grpc_max_connection_age: int | None = None
+    grpc_max_connection_age_grace: int | None = None
+    # restricted category -> (metadata key, value), from --grpc-restricted-protocol
+    grpc_restricted_protocols: dict[str, tuple[str, str]] = field(default_factory=dict)
+    grpc_use_ssl: bool = False
+    grpc_use_ssl_mutual: bool = False
+    grpc_server_cert: str = ""
+    grpc_server_key: str = ""
+    grpc_root_cert: str = ""

@@ -140,3 +140,22 @@ def launch() -> Iterator[object]:
     yield _launch
     for process in started:
         process.stop()
+
+
+@pytest.fixture(scope="module")
+def launch_module() -> Iterator[object]:
+    """Like `launch`, for servers shared by the tests of one module."""
+    started: list[ServerProcess] = []
+
+    def _launch(
+        repositories: Sequence[Path | str],
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> ServerProcess:
+        process = ServerProcess(repositories, args, env)
+        started.append(process)
+        return process.wait_live()
+
+    yield _launch
+    for process in started:
+        process.stop()

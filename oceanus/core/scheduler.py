@@ -9,7 +9,7 @@ Semantics follow Triton's dynamic batcher (server docs/user_guide/batcher.md):
   next batch;
 - the largest preferred batch size that can be formed is sent at once; otherwise the batcher waits
   up to `max_queue_delay_microseconds` (from the oldest request) for the batch to fill, then sends
-  what it has; without preferred sizes, a batch that reached max_batch_size is sent at once;
+  what it has, up to max_batch_size;
 - requests whose non-batch shapes differ are never merged; the batch stops at the first one;
 - priority levels are separate queues served highest priority (lowest number) first, each with its
   queue policy (max_queue_size, timeouts with REJECT or DELAY).
@@ -219,30 +219,36 @@ class Scheduler:
         return self._form_dynamic_batch(now)
 
     def _form_dynamic_batch(self, now: int) -> list[Job]:
+        """Triton's batch formation (dynamic_batch_scheduler.cc, GetDynamicBatch) in one pass.
+
+        Walk the queue in priority order, growing the batch up to max_batch_size; remember the
+        last cut that makes a preferred size (or the cut before the batch outgrows the largest
+        preferred size). Before the oldest request's queue delay runs out, send up to that cut;
+        once it has run out (or with no delay), or when the batch cannot grow, send it all.
+        """
         chosen: list[tuple[deque[Job], Job]] = []
         rows = 0
-        preferred_cut = 0
-        full = False
-        first: Job | None = None
+        best_cut = 0
+        send_now = False
         for queue, job in self._ordered():
-            if first is None:
-                first = job
-            elif rows + job.rows > self._max_batch or not _same_shapes(first, job):
-                full = True
-                break
+            if chosen:
+                if not _same_shapes(chosen[0][1], job):
+                    send_now = True
+                    break
+                if rows + job.rows > self._max_preferred and not best_cut:
+                    best_cut = len(chosen)
+                if rows + job.rows > self._max_batch:
+                    send_now = True
+                    break
             chosen.append((queue, job))
             rows += job.rows
             if rows in self._preferred:
-                preferred_cut = len(chosen)
-            if rows >= self._max_batch:
-                full = True
-                break
+                best_cut = len(chosen)
         oldest = min(job.enqueued_ns for _, job in chosen)
-        if rows >= self._max_preferred and self._preferred:
-            full = True
-        if not full and preferred_cut:
-            chosen = chosen[:preferred_cut]
-        elif not full and self._delay_ns and now - oldest < self._delay_ns:
+        delay_exceeded = now - oldest >= self._delay_ns
+        if best_cut and not delay_exceeded:
+            chosen = chosen[:best_cut]
+        elif not (send_now or rows >= self._max_preferred or delay_exceeded):
             self._wake_at(oldest + self._delay_ns)
             return []
         return [self._pop(queue, job) for queue, job in chosen]

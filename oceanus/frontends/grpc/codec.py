@@ -1,0 +1,420 @@
+"""`inference.ModelInferRequest` / `ModelInferResponse` <-> core requests and responses.
+
+Requests are parsed by protobuf's C implementation; a large request is first split at the top level
+so that its `raw_input_contents` stay views into the received message bytes (no copy) while only the
+small rest goes through the protobuf parser. Responses are written as protobuf wire bytes directly:
+the parts that repeat between responses (model name and version, each output's name, datatype and
+shape) are encoded once and cached, and each output's tensor bytes are appended as
+`raw_output_contents` without an intermediate message object.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2 as pb
+
+from oceanus.core import datatypes
+from oceanus.core.datatypes import DataType
+from oceanus.core.errors import InferenceServerError, invalid_arg, not_found
+from oceanus.core.tensor_bytes import array_from_bytes, array_to_bytes
+from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
+
+# Requests at least this large are split so their tensors are not copied out of the message.
+ZERO_COPY_THRESHOLD = 256 * 1024
+
+# Request parameter keys starting with "triton_" that clients may send (Triton's list).
+TRITON_RESERVED_PARAMS = ("triton_enable_empty_final_response",)
+
+_RAW_INPUT_TAG = (7 << 3) | 2  # ModelInferRequest.raw_input_contents
+
+
+# ---- protobuf wire helpers ------------------------------------------------------------------
+
+
+_SMALL_VARINTS = [bytes([n]) for n in range(128)]
+
+
+def _varint(value: int) -> bytes:
+    if value < 128:
+        if value >= 0:
+            return _SMALL_VARINTS[value]
+        value += 1 << 64  # int64 as protobuf encodes it: ten bytes of two's complement
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(tag: int, payload: bytes) -> bytes:
+    """A length-delimited field (tag already holds field number and wire type 2)."""
+    return bytes([tag]) + _varint(len(payload)) + payload
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise DecodeError("truncated varint")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+
+
+def _split_raw_inputs(data: bytes) -> tuple[bytes, list[memoryview]]:
+    """The message without its raw_input_contents, and those contents as views into `data`."""
+    view = memoryview(data)
+    kept: list[memoryview] = []
+    raw: list[memoryview] = []
+    pos, end = 0, len(data)
+    while pos < end:
+        start = pos
+        tag, pos = _read_varint(data, pos)
+        wire_type = tag & 7
+        if wire_type == 2:
+            length, pos = _read_varint(data, pos)
+            stop = pos + length
+            if stop > end:
+                raise DecodeError("truncated field")
+            if tag == _RAW_INPUT_TAG:
+                raw.append(view[pos:stop])
+                pos = stop
+                continue
+            pos = stop
+        elif wire_type == 0:
+            _, pos = _read_varint(data, pos)
+        elif wire_type == 1:
+            pos += 8
+        elif wire_type == 5:
+            pos += 4
+        else:
+            raise DecodeError(f"unexpected wire type {wire_type}")
+        if pos > end:
+            raise DecodeError("truncated field")
+        kept.append(view[start:pos])
+    return b"".join(kept), raw
+
+
+def parse_infer_request(data: bytes) -> tuple[pb.ModelInferRequest, list[bytes] | list[memoryview]]:
+    """The parsed message and its raw input contents (views into `data` when it is large)."""
+    try:
+        if len(data) < ZERO_COPY_THRESHOLD:
+            message = pb.ModelInferRequest.FromString(data)
+            return message, list(message.raw_input_contents)
+        rest, raw = _split_raw_inputs(data)
+        return pb.ModelInferRequest.FromString(rest), raw
+    except DecodeError as exc:
+        raise invalid_arg(f"failed to parse the inference request: {exc}") from None
+
+
+# ---- versions and parameters ------------------------------------------------------------------
+
+
+def check_version(version: str) -> None:
+    """Triton's gRPC check of a model version string (an integer, or empty for "latest")."""
+    if not version:
+        return
+    digits = version.strip()
+    if digits[:1] in ("+", "-"):
+        digits = digits[1:]
+    if not digits.isdigit():
+        raise invalid_arg(
+            f"failed to get model version from specified version string '{version}' "
+            "(details: stol), version should be an integral value > 0"
+        )
+    if int(version) < 0:
+        raise invalid_arg(
+            f"invalid model version specified '{version}' , version should be an integral "
+            "value > 0"
+        )
+
+
+def parameter_value(parameter: pb.InferParameter) -> Any:
+    kind = parameter.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(parameter, kind)
+
+
+def _request_parameters(parameters: Any) -> dict[str, Any]:
+    """Request parameters as the core reads them, checked as Triton's gRPC frontend checks them."""
+    result: dict[str, Any] = {}
+    for key, parameter in parameters.items():
+        kind = parameter.WhichOneof("parameter_choice")
+        if key == "sequence_id":
+            if kind not in ("int64_param", "string_param"):
+                raise invalid_arg(
+                    "invalid value type for 'sequence_id' parameter, expected int64_param or "
+                    "string_param."
+                )
+        elif key in ("sequence_start", "sequence_end"):
+            if kind != "bool_param":
+                raise invalid_arg(
+                    f"invalid value type for '{key}' parameter, expected bool_param."
+                )
+        elif key == "priority":
+            if kind == "int64_param":
+                if parameter.int64_param < 0:
+                    raise invalid_arg("invalid value for 'priority', expected value >= 0.")
+            elif kind != "uint64_param":
+                raise invalid_arg(
+                    "invalid value type for 'priority' parameter, expected int64_param or "
+                    "uint64_param."
+                )
+        elif key == "timeout":
+            if kind != "int64_param":
+                raise invalid_arg(
+                    "invalid value type for 'timeout' parameter, expected int64_param."
+                )
+        elif key.startswith("triton_"):
+            if key not in TRITON_RESERVED_PARAMS:
+                raise invalid_arg(
+                    "parameter keys starting with 'triton_' are reserved for Triton usage. Only "
+                    "the following keys starting with 'triton_' are allowed: "
+                    + " ".join(TRITON_RESERVED_PARAMS)
+                )
+            if kind != "bool_param":
+                raise invalid_arg(
+                    f"invalid value type for '{key}' parameter, expected bool_param."
+                )
+        elif kind not in ("int64_param", "bool_param", "string_param", "double_param"):
+            raise invalid_arg(
+                f"invalid value type for '{key}' parameter, expected int64_param, bool_param, "
+                "or string_param."
+            )
+        result[key] = getattr(parameter, kind)
+    return result
+
+
+def _tensor_parameters(parameters: Any, name: str) -> dict[str, Any]:
+    result = {key: parameter_value(p) for key, p in parameters.items()}
+    region = parameters.get("shared_memory_region")
+    if region is not None:
+        if region.WhichOneof("parameter_choice") != "string_param":
+            raise invalid_arg(
+                f"invalid value type for 'shared_memory_region' parameter for tensor '{name}', "
+                "expected string_param."
+            )
+        # No region can be registered (client shared memory is off), so none is found.
+        raise not_found(f"Unable to find shared memory region: '{region.string_param}'")
+    for key in ("shared_memory_offset", "shared_memory_byte_size"):
+        if key in parameters:
+            raise invalid_arg(
+                f"'{key}' can not be specified without 'shared_memory_region' parameter for "
+                f"tensor '{name}'"
+            )
+    return result
+
+
+# ---- typed `contents` -----------------------------------------------------------------------
+
+# contents field -> (datatype it carries by default, datatypes it may also carry, numpy dtype
+# of the field's values)
+_CONTENTS: dict[str, tuple[str, tuple[str, ...], Any]] = {
+    "bool_contents": ("BOOL", ("BOOL",), np.bool_),
+    "int_contents": ("INT32", ("INT8", "INT16", "INT32"), np.int32),
+    "int64_contents": ("INT64", ("INT64",), np.int64),
+    "uint_contents": ("UINT32", ("UINT8", "UINT16", "UINT32"), np.uint32),
+    "uint64_contents": ("UINT64", ("UINT64",), np.uint64),
+    "fp32_contents": ("FP32", ("FP32",), np.float32),
+    "fp64_contents": ("FP64", ("FP64",), np.float64),
+    "bytes_contents": ("BYTES", ("BYTES",), object),
+}
+
+
+def _from_contents(
+    contents: pb.InferTensorContents, name: str, model_name: str, datatype: DataType
+) -> np.ndarray:
+    found: np.ndarray | None = None
+    for field, (natural, allowed, field_dtype) in _CONTENTS.items():
+        values = getattr(contents, field)
+        if not values:
+            continue
+        if found is not None:
+            raise invalid_arg(
+                f"unexpected explicit tensor data for input tensor '{name}' for model "
+                f"'{model_name}', binary data was already supplied."
+            )
+        if datatype.name not in allowed:
+            raise invalid_arg(
+                f"unexpected explicit tensor data for input tensor '{name}' for model "
+                f"'{model_name}' of type '{natural}', expected datatype '{datatype.name}'"
+            )
+        if field_dtype is object:
+            found = np.empty(len(values), dtype=object)
+            found[:] = list(values)
+        else:
+            found = np.array(values, dtype=field_dtype)
+            if found.dtype != datatype.dtype:
+                found = found.astype(datatype.dtype)  # INT8/16 and UINT8/16 keep the low bytes
+    if found is None:
+        found = np.empty(0, dtype=datatype.dtype)
+    return found
+
+
+# ---- requests -------------------------------------------------------------------------------
+
+
+def decode_infer_request(
+    message: pb.ModelInferRequest, raw: list[bytes] | list[memoryview]
+) -> InferRequest:
+    """Build a core request from a parsed ModelInferRequest and its raw input contents."""
+    model_name = message.model_name
+    model_version = message.model_version
+    if model_version:
+        check_version(model_version)
+    request = InferRequest(model_name=model_name, model_version=model_version, id=message.id)
+    if message.parameters:
+        request.parameters = _request_parameters(message.parameters)
+    inputs = request.inputs
+    index = 0
+    for io in message.inputs:
+        name = io.name
+        datatype = datatypes.from_name(io.datatype)
+        if datatype is None:
+            raise invalid_arg(f"invalid datatype '{io.datatype}' for input '{name}'")
+        shape = tuple(io.shape)
+        for dim in shape:
+            if dim < 0:
+                raise invalid_arg(f"Unable to parse 'shape' for input '{name}'")
+        parameters = _tensor_parameters(io.parameters, name) if io.parameters else {}
+        if io.HasField("contents"):
+            if raw:
+                raise invalid_arg(
+                    "contents field must not be specified when using raw_input_contents for "
+                    f"'{name}' for model '{model_name}'"
+                )
+            data = _from_contents(io.contents, name, model_name, datatype)
+        elif index < len(raw):
+            data = array_from_bytes(name, datatype, raw[index])
+            index += 1
+        else:
+            raise invalid_arg(
+                f"unable to find data for input tensor '{name}' for model '{model_name}' in "
+                "request."
+            )
+        inputs.append(Tensor(name, io.datatype, shape, data, parameters))
+    if message.outputs:
+        request.outputs = [
+            RequestedOutput(o.name, _tensor_parameters(o.parameters, o.name) if o.parameters else {})
+            for o in message.outputs
+        ]
+    return request
+
+
+def decode(data: bytes) -> InferRequest:
+    message, raw = parse_infer_request(data)
+    return decode_infer_request(message, raw)
+
+
+# ---- responses ------------------------------------------------------------------------------
+
+_CACHE_LIMIT = 4096
+_header_cache: dict[tuple[str, str], bytes] = {}
+_output_cache: dict[tuple[str, str, tuple[int, ...]], bytes] = {}
+
+_RAW_OUTPUT_TAG = b"\x32"  # ModelInferResponse.raw_output_contents (field 6)
+_STREAM_RESPONSE_TAG = b"\x12"  # ModelStreamInferResponse.infer_response (field 2)
+
+
+def _header(model_name: str, model_version: str) -> bytes:
+    key = (model_name, model_version)
+    encoded = _header_cache.get(key)
+    if encoded is None:
+        encoded = b""
+        if model_name:
+            encoded += _field(0x0A, model_name.encode())
+        if model_version:
+            encoded += _field(0x12, model_version.encode())
+        if len(_header_cache) >= _CACHE_LIMIT:
+            _header_cache.clear()
+        _header_cache[key] = encoded
+    return encoded
+
+
+def _output_entry(name: str, datatype: str, shape: tuple[int, ...]) -> bytes:
+    key = (name, datatype, shape)
+    encoded = _output_cache.get(key)
+    if encoded is None:
+        body = _field(0x0A, name.encode()) + _field(0x12, datatype.encode())
+        if shape:
+            body += _field(0x1A, b"".join(_varint(int(d)) for d in shape))
+        encoded = _field(0x2A, body)
+        if len(_output_cache) >= _CACHE_LIMIT:
+            _output_cache.clear()
+        _output_cache[key] = encoded
+    return encoded
+
+
+def _to_parameter(value: Any) -> pb.InferParameter:
+    if isinstance(value, bool):
+        return pb.InferParameter(bool_param=value)
+    if isinstance(value, int):
+        return pb.InferParameter(int64_param=value)
+    if isinstance(value, float):
+        return pb.InferParameter(double_param=value)
+    return pb.InferParameter(string_param=str(value))
+
+
+def encode_parameters(parameters: dict[str, Any]) -> bytes:
+    """The `parameters` map entries of a ModelInferResponse, as wire bytes."""
+    message = pb.ModelInferResponse()
+    for key, value in parameters.items():
+        message.parameters[key].CopyFrom(_to_parameter(value))
+    return message.SerializeToString()
+
+
+FINAL_RESPONSE_PARAMETER = encode_parameters({"triton_final_response": True})
+
+
+def _response_parts(response: InferResponse, extra: bytes = b"") -> list[Any]:
+    parts: list[Any] = [_header(response.model_name, response.model_version)]
+    if response.id:
+        parts.append(_field(0x1A, response.id.encode()))
+    if response.parameters:
+        parts.append(encode_parameters(response.parameters))
+    if extra:
+        parts.append(extra)
+    chunks: list[Any] = []
+    for tensor in response.outputs:
+        parts.append(_output_entry(tensor.name, tensor.datatype, tensor.shape))
+        chunk = array_to_bytes(tensor.data, tensor.datatype)
+        chunks.append(_RAW_OUTPUT_TAG)
+        chunks.append(_varint(len(chunk)))
+        chunks.append(chunk)
+    parts.extend(chunks)
+    return parts
+
+
+def encode_infer_response(response: InferResponse) -> bytes:
+    """A serialized ModelInferResponse: every output in raw_output_contents, in order."""
+    return b"".join(_response_parts(response))
+
+
+def encode_stream_response(response: InferResponse) -> bytes:
+    """A serialized ModelStreamInferResponse carrying a successful response."""
+    parts = _response_parts(response, FINAL_RESPONSE_PARAMETER)
+    size = sum(len(p) for p in parts)
+    return b"".join([_STREAM_RESPONSE_TAG, _varint(size), *parts])
+
+
+def encode_stream_error(
+    error: InferenceServerError | str,
+    request_id: str,
+    model_name: str = "",
+    model_version: str = "",
+    final: bool = False,
+) -> bytes:
+    """A serialized ModelStreamInferResponse carrying a request's error in-band."""
+    message = error.message if isinstance(error, InferenceServerError) else error
+    inner = pb.ModelInferResponse(id=request_id, model_name=model_name, model_version=model_version)
+    if final:
+        inner.parameters["triton_final_response"].bool_param = True
+    return pb.ModelStreamInferResponse(
+        error_message=message, infer_response=inner
+    ).SerializeToString()

@@ -1,0 +1,124 @@
+"""The gRPC frontend's server: a grpc.aio server on the running event loop, Triton's options."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from oceanus.core.server import ServerCore
+from oceanus.frontends.grpc import health
+from oceanus.frontends.grpc.service import SERVICE_NAME, GrpcService
+
+log = logging.getLogger("oceanus.grpc")
+
+# Triton's MAX_GRPC_MESSAGE_SIZE: messages up to 2 GiB both ways (grpcio's default is 4 MiB in).
+MAX_MESSAGE_SIZE = 2**31 - 1
+
+
+@dataclass
+class GrpcOptions:
+    """What the gRPC frontend is told at start (the `--grpc-*` flags)."""
+
+    address: str = "0.0.0.0"
+    port: int = 8001
+    reuse_port: bool = False
+    keepalive_time_ms: int = 7_200_000
+    keepalive_timeout_ms: int = 20_000
+    keepalive_permit_without_calls: bool = False
+    http2_max_pings_without_data: int = 2
+    http2_min_recv_ping_interval_without_data_ms: int = 300_000
+    http2_max_ping_strikes: int = 2
+    max_connection_age_ms: int | None = None
+    max_connection_age_grace_ms: int | None = None
+    # category -> (metadata key, value), see restricted.py
+    restricted: dict[str, tuple[str, str]] = field(default_factory=dict)
+    use_ssl: bool = False
+    use_ssl_mutual: bool = False
+    server_cert: str = ""
+    server_key: str = ""
+    root_cert: str = ""
+
+    def channel_options(self) -> list[tuple[str, int]]:
+        options = [
+            ("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_SIZE),
+            # grpcio shares ports by default; like Triton, only when asked to
+            ("grpc.so_reuseport", int(self.reuse_port)),
+            ("grpc.keepalive_time_ms", self.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", self.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", int(self.keepalive_permit_without_calls)),
+            ("grpc.http2.max_pings_without_data", self.http2_max_pings_without_data),
+            (
+                "grpc.http2.min_ping_interval_without_data_ms",
+                self.http2_min_recv_ping_interval_without_data_ms,
+            ),
+            ("grpc.http2.max_ping_strikes", self.http2_max_ping_strikes),
+        ]
+        if self.max_connection_age_ms is not None:
+            options.append(("grpc.max_connection_age_ms", self.max_connection_age_ms))
+        if self.max_connection_age_grace_ms is not None:
+            options.append(("grpc.max_connection_age_grace_ms", self.max_connection_age_grace_ms))
+        return options
+
+    def credentials(self) -> grpc.ServerCredentials | None:
+        if not (self.use_ssl or self.use_ssl_mutual):
+            return None
+        key = Path(self.server_key).read_bytes()
+        cert = Path(self.server_cert).read_bytes()
+        root = Path(self.root_cert).read_bytes() if self.root_cert else None
+        return grpc.ssl_server_credentials(
+            [(key, cert)], root_certificates=root, require_client_auth=self.use_ssl_mutual
+        )
+
+    @property
+    def endpoint(self) -> str:
+        host = self.address
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"{host}:{self.port}"
+
+
+class GrpcFrontend:
+    """Owns the grpc.aio server; `start()` and `stop()` run on the server's event loop."""
+
+    def __init__(self, core: ServerCore, options: GrpcOptions) -> None:
+        self.core = core
+        self.options = options
+        self.service = GrpcService(core, options.restricted)
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        options = self.options
+        server = grpc.aio.server(options=options.channel_options())
+        handlers = self.service.method_handlers()
+        health_handlers = self.service.health_handlers()
+        server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),
+                grpc.method_handlers_generic_handler(health.SERVICE_NAME, health_handlers),
+            )
+        )
+        server.add_registered_method_handlers(SERVICE_NAME, handlers)
+        server.add_registered_method_handlers(health.SERVICE_NAME, health_handlers)
+        credentials = options.credentials()
+        try:
+            if credentials is None:
+                port = server.add_insecure_port(options.endpoint)
+            else:
+                port = server.add_secure_port(options.endpoint, credentials)
+        except RuntimeError as exc:
+            raise OSError(f"failed to start GRPC service on {options.endpoint}: {exc}") from None
+        if port == 0:
+            raise OSError(f"failed to start GRPC service on {options.endpoint}")
+        await server.start()
+        self._server = server
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop accepting RPCs; in-flight ones get `grace` seconds to finish."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        await server.stop(grace)

@@ -1,0 +1,319 @@
+"""`inference.GRPCInferenceService` and `grpc.health.v1.Health` over the core, for grpc.aio.
+
+Every RPC calls the same core methods the HTTP frontend calls; this module only turns protobuf
+messages into those calls and back, and core errors into gRPC statuses (errors.py). Features that
+Oceanus does not have answer as Triton answers when that feature is off: client shared memory is
+disabled, tracing and dynamic logging are not built in, and explicit model control is off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from tritonclient.grpc import service_pb2 as pb
+
+from oceanus.core.errors import InferenceServerError, not_found, unavailable, unsupported
+from oceanus.core.server import ServerCore
+from oceanus.frontends.grpc import codec, health
+from oceanus.frontends.grpc.errors import grpc_status
+
+log = logging.getLogger("oceanus.grpc")
+
+SERVICE_NAME = "inference.GRPCInferenceService"
+
+# Triton's texts for the features that are off.
+CLIENT_SHM_DISABLED = (
+    "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
+)
+NO_TRACE = "the server does not support trace"
+NO_LOGGING = "the server does not support dynamic logging"
+NO_MODEL_CONTROL = "explicit model load / unload is not allowed if polling is enabled"
+NO_REPOSITORY_NAME = "'repository_name' specification is not supported"
+
+Context = grpc.aio.ServicerContext
+Unary = Callable[[Any, Context], Awaitable[Any]]
+
+
+def _failure(exc: Exception, what: str) -> tuple[grpc.StatusCode, str]:
+    """The gRPC status for an exception raised while serving an RPC."""
+    if isinstance(exc, InferenceServerError):
+        return grpc_status(exc.code), exc.message
+    log.exception("unexpected error serving %s", what)
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+
+
+def _unary(name: str, body: Callable[[Any], Any]) -> Unary:
+    """An RPC handler around a plain function of the request, mapping its errors."""
+
+    async def handler(request: Any, context: Context) -> Any:
+        try:
+            return body(request)
+        except Exception as exc:
+            code, message = _failure(exc, name)
+        await context.abort(code, message)
+
+    return handler
+
+
+class GrpcService:
+    """The RPC handlers; `method_handlers()` registers them with a grpc.aio server."""
+
+    def __init__(
+        self, core: ServerCore, restrictions: dict[str, tuple[str, str]] | None = None
+    ) -> None:
+        self.core = core
+        self.restrictions = restrictions or {}
+
+    # ---- health and metadata ----------------------------------------------------------------
+
+    def server_live(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.core.live)
+
+    def server_ready(self, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.core.ready())
+
+    def health_check(self, request: Any) -> Any:
+        status = health.SERVING if self.core.ready() else health.NOT_SERVING
+        return health.HealthCheckResponse(status=status)
+
+    def model_ready(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
+        codec.check_version(request.version)
+        return pb.ModelReadyResponse(ready=self.core.model_ready(request.name, request.version))
+
+    def server_metadata(self, request: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
+        metadata = self.core.metadata()
+        return pb.ServerMetadataResponse(
+            name=metadata["name"], version=metadata["version"], extensions=metadata["extensions"]
+        )
+
+    def model_metadata(self, request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
+        codec.check_version(request.version)
+        metadata = self.core.model_metadata(request.name, request.version)
+        return json_format.ParseDict(
+            metadata, pb.ModelMetadataResponse(), ignore_unknown_fields=True
+        )
+
+    def model_config(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
+        codec.check_version(request.version)
+        response = pb.ModelConfigResponse()
+        response.config.CopyFrom(self.core.model_config(request.name, request.version))
+        return response
+
+    def model_statistics(
+        self, request: pb.ModelStatisticsRequest
+    ) -> pb.ModelStatisticsResponse:
+        codec.check_version(request.version)
+        stats = self.core.statistics(request.name, request.version)
+        return json_format.ParseDict(
+            {"model_stats": stats}, pb.ModelStatisticsResponse(), ignore_unknown_fields=True
+        )
+
+    # ---- repository -------------------------------------------------------------------------
+
+    def repository_index(self, request: pb.RepositoryIndexRequest) -> pb.RepositoryIndexResponse:
+        if request.repository_name:
+            raise unsupported(NO_REPOSITORY_NAME)
+        index = self.core.repository_index(request.ready)
+        return json_format.ParseDict(
+            {"models": index}, pb.RepositoryIndexResponse(), ignore_unknown_fields=True
+        )
+
+    def repository_model_load(
+        self, request: pb.RepositoryModelLoadRequest
+    ) -> pb.RepositoryModelLoadResponse:
+        if request.repository_name:
+            raise unsupported(NO_REPOSITORY_NAME)
+        raise unavailable(NO_MODEL_CONTROL)
+
+    def repository_model_unload(
+        self, request: pb.RepositoryModelUnloadRequest
+    ) -> pb.RepositoryModelUnloadResponse:
+        if request.repository_name:
+            raise unsupported(NO_REPOSITORY_NAME)
+        raise unavailable(NO_MODEL_CONTROL)
+
+    # ---- shared memory (client shared memory is off, as by Triton's default) ------------------
+
+    def system_shm_status(
+        self, request: pb.SystemSharedMemoryStatusRequest
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        if request.name:
+            raise not_found(f"Unable to find system shared memory region: '{request.name}'")
+        return pb.SystemSharedMemoryStatusResponse()
+
+    def cuda_shm_status(
+        self, request: pb.CudaSharedMemoryStatusRequest
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        if request.name:
+            raise not_found(f"Unable to find cuda shared memory region: '{request.name}'")
+        return pb.CudaSharedMemoryStatusResponse()
+
+    def shm_disabled(self, request: Any) -> Any:
+        raise unsupported(CLIENT_SHM_DISABLED)
+
+    # ---- trace and logging (not built in) ------------------------------------------------------
+
+    def trace_setting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
+        raise unavailable(NO_TRACE)
+
+    def log_settings(self, request: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
+        raise unavailable(NO_LOGGING)
+
+    # ---- inference --------------------------------------------------------------------------
+
+    async def model_infer(self, data: bytes, context: Context) -> bytes:
+        """ModelInfer: the hot path. Takes and returns message bytes (see codec.py).
+
+        If the client cancels, grpc.aio cancels this task, which cancels the core's future: a
+        request still queued leaves the queue.
+        """
+        try:
+            response = await self.core.infer(codec.decode(data))
+            return codec.encode_infer_response(response)
+        except Exception as exc:
+            code, message = _failure(exc, "ModelInfer")
+        await context.abort(code, message)
+        raise AssertionError("unreachable")  # abort raises
+
+    async def model_stream_infer(
+        self, requests: AsyncIterator[bytes], context: Context
+    ) -> None:
+        """ModelStreamInfer: any number of requests; each response (or error) is written as soon
+        as it is ready, carrying its request's id. Errors never end the stream."""
+        outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        pending: set[asyncio.Future[Any]] = set()
+        writer = asyncio.ensure_future(_write_all(outbox, context))
+        try:
+            async for data in requests:
+                self._stream_request(data, outbox, pending)
+            while pending:
+                await asyncio.wait(list(pending))
+            outbox.put_nowait(None)
+            await writer
+        finally:
+            for future in pending:
+                future.cancel()
+            if not writer.done():
+                writer.cancel()
+
+    def _stream_request(
+        self, data: bytes, outbox: asyncio.Queue[bytes | None], pending: set[asyncio.Future[Any]]
+    ) -> None:
+        request_id = ""
+        try:
+            message, raw = codec.parse_infer_request(data)
+            request_id = message.id
+            request = codec.decode_infer_request(message, raw)
+            future = self.core.infer(request)
+        except Exception as exc:
+            _, text = _failure(exc, "ModelStreamInfer")
+            outbox.put_nowait(codec.encode_stream_error(text, request_id))
+            return
+        pending.add(future)
+
+        def done(future: asyncio.Future[Any]) -> None:
+            pending.discard(future)
+            if future.cancelled():
+                return
+            try:
+                encoded = codec.encode_stream_response(future.result())
+            except Exception as exc:
+                _, text = _failure(exc, "ModelStreamInfer")
+                encoded = codec.encode_stream_error(
+                    text, request.id, request.model_name, request.model_version, final=True
+                )
+            outbox.put_nowait(encoded)
+
+        future.add_done_callback(done)
+
+    # ---- registration -----------------------------------------------------------------------
+
+    def _restricted(self, category: str, handler: Any) -> Any:
+        rule = self.restrictions.get(category)
+        if rule is None:
+            return handler
+        header, value = rule
+        denied = f"This protocol is restricted, expecting header '{header}'"
+
+        async def checked(request: Any, context: Context) -> Any:
+            for key, given in context.invocation_metadata() or ():
+                if key == header and given == value:
+                    return await handler(request, context)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, denied)
+
+        return checked
+
+    def method_handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        """`inference.GRPCInferenceService`'s methods."""
+        unary = [
+            ("ServerLive", "health", self.server_live, pb.ServerLiveRequest),
+            ("ServerReady", "health", self.server_ready, pb.ServerReadyRequest),
+            ("ModelReady", "health", self.model_ready, pb.ModelReadyRequest),
+            ("ServerMetadata", "metadata", self.server_metadata, pb.ServerMetadataRequest),
+            ("ModelMetadata", "metadata", self.model_metadata, pb.ModelMetadataRequest),
+            ("ModelConfig", "model-config", self.model_config, pb.ModelConfigRequest),
+            ("ModelStatistics", "statistics", self.model_statistics, pb.ModelStatisticsRequest),
+            ("RepositoryIndex", "model-repository", self.repository_index,
+             pb.RepositoryIndexRequest),
+            ("RepositoryModelLoad", "model-repository", self.repository_model_load,
+             pb.RepositoryModelLoadRequest),
+            ("RepositoryModelUnload", "model-repository", self.repository_model_unload,
+             pb.RepositoryModelUnloadRequest),
+            ("SystemSharedMemoryStatus", "shared-memory", self.system_shm_status,
+             pb.SystemSharedMemoryStatusRequest),
+            ("SystemSharedMemoryRegister", "shared-memory", self.shm_disabled,
+             pb.SystemSharedMemoryRegisterRequest),
+            ("SystemSharedMemoryUnregister", "shared-memory", self.shm_disabled,
+             pb.SystemSharedMemoryUnregisterRequest),
+            ("CudaSharedMemoryStatus", "shared-memory", self.cuda_shm_status,
+             pb.CudaSharedMemoryStatusRequest),
+            ("CudaSharedMemoryRegister", "shared-memory", self.shm_disabled,
+             pb.CudaSharedMemoryRegisterRequest),
+            ("CudaSharedMemoryUnregister", "shared-memory", self.shm_disabled,
+             pb.CudaSharedMemoryUnregisterRequest),
+            ("TraceSetting", "trace", self.trace_setting, pb.TraceSettingRequest),
+            ("LogSettings", "logging", self.log_settings, pb.LogSettingsRequest),
+        ]
+        handlers: dict[str, grpc.RpcMethodHandler] = {}
+        for method, category, body, request_type in unary:
+            handlers[method] = grpc.unary_unary_rpc_method_handler(
+                self._restricted(category, _unary(method, body)),
+                request_deserializer=request_type.FromString,
+                response_serializer=_serialize,
+            )
+        # The infer RPCs take and return bytes: codec.py does the (de)serialization.
+        handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
+            self._restricted("inference", self.model_infer)
+        )
+        handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+            self._restricted("inference", self.model_stream_infer)
+        )
+        return handlers
+
+    def health_handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        """`grpc.health.v1.Health/Check` (Watch is not offered, as by Triton)."""
+        return {
+            "Check": grpc.unary_unary_rpc_method_handler(
+                self._restricted("health", _unary("Check", self.health_check)),
+                request_deserializer=health.HealthCheckRequest.FromString,
+                response_serializer=_serialize,
+            )
+        }
+
+
+def _serialize(message: Any) -> bytes:
+    return message.SerializeToString()  # type: ignore[no-any-return]
+
+
+async def _write_all(outbox: asyncio.Queue[bytes | None], context: Context) -> None:
+    while True:
+        item = await outbox.get()
+        if item is None:
+            return
+        await context.write(item)
+
