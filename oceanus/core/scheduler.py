@@ -154,16 +154,24 @@ class Scheduler:
 
     def _forget_if_cancelled(self, job: Job) -> None:
         """A request cancelled while queued (client gone) leaves the queue at once."""
-        if not job.future.cancelled() or job.started_ns:
-            return
+        if job.future.cancelled() and not job.started_ns:
+            self._drop_cancelled()
+
+    def _drop_cancelled(self) -> None:
+        """Remove queued requests whose futures are already done (cancelled by their client).
+
+        Also run before each batch is formed: a cancellation's done-callback may not have run
+        yet when the next batch forms."""
+        now = time.monotonic_ns()
         for queues in (self._queues, self._delayed):
-            try:
-                queues[job.priority].remove(job)
-            except ValueError:
-                continue
-            self._queued -= 1
-            self._finish(job, None, time.monotonic_ns(), None)
-            return
+            for level, queue in enumerate(queues):
+                if not any(job.future.done() for job in queue):
+                    continue
+                for job in queue:
+                    if job.future.done():
+                        self._queued -= 1
+                        self._finish(job, None, now, None)
+                queues[level] = deque(job for job in queue if not job.future.done())
 
     # ---- batch formation --------------------------------------------------------------------
 
@@ -206,6 +214,7 @@ class Scheduler:
 
     def _form_batch(self) -> list[Job]:
         now = time.monotonic_ns()
+        self._drop_cancelled()
         self._expire(now)
         if not self._queued:
             return []

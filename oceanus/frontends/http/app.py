@@ -153,7 +153,12 @@ class HttpFrontend:
         parameters = request.parameters
         binary_default = bool(parameters.get("binary_data_output", False)) if parameters else False
         future = self.core.infer(request)
-        response = await _until_disconnect(future, receive)
+        try:
+            response = await _until_disconnect(future, receive)
+        except asyncio.CancelledError:
+            if future.cancelled():  # the client left; there is no one to answer
+                return
+            raise
         payload, json_size = codec.encode_infer_response(response, binary_default)
         headers = [(b"content-type", OCTET if json_size is not None else JSON)]
         if json_size is not None:
