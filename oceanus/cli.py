@@ -94,7 +94,13 @@ class _Parser(argparse.ArgumentParser):
 
 def _flag(parser: argparse.ArgumentParser, name: str, default: bool, help_text: str) -> None:
     parser.add_argument(
-        name, type=parse_bool, nargs="?", const=True, default=default, metavar="BOOL", help=help_text
+        name,
+        type=parse_bool,
+        nargs="?",
+        const=True,
+        default=default,
+        metavar="BOOL",
+        help=help_text,
     )
 
 
@@ -160,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--log-file", default="")
     _grpc_options(parser)
     for name in IGNORED_FLAGS:
-        add(name, dest="ignored_" + name[2:].replace("-", "_"), action="append", help=argparse.SUPPRESS)
+        dest = "ignored_" + name[2:].replace("-", "_")
+        add(name, dest=dest, action="append", help=argparse.SUPPRESS)
     return parser
 
 

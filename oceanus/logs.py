@@ -62,7 +62,9 @@ def configure(settings: LogSettings) -> None:
         root.removeHandler(handler)
         handler.close()
     handler: logging.Handler
-    handler = logging.FileHandler(settings.file) if settings.file else logging.StreamHandler(sys.stderr)
+    handler = (
+        logging.FileHandler(settings.file) if settings.file else logging.StreamHandler(sys.stderr)
+    )
     handler.setFormatter(TritonFormatter(iso8601=settings.format.upper() == "ISO8601"))
     root.addHandler(handler)
     root.propagate = False
@@ -70,7 +72,9 @@ def configure(settings: LogSettings) -> None:
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
     """An ASCII table like the ones Triton prints at start-up."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
     line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
 
     def row(cells: list[str]) -> str:

@@ -16,7 +16,9 @@ import pytest
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "oceanus", *args],
-        capture_output=True, text=True, timeout=timeout,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -40,9 +42,17 @@ def test_bad_flags_exit_2_with_one_clear_line(args: list[str], words: str) -> No
 def test_help_lists_triton_flag_names() -> None:
     result = run_cli("--help")
     assert result.returncode == 0
-    for flag in ("--model-repository", "--http-port", "--grpc-port", "--metrics-port",
-                 "--exit-on-error", "--strict-readiness", "--disable-auto-complete-config",
-                 "--log-verbose", "--http-max-input-size"):
+    for flag in (
+        "--model-repository",
+        "--http-port",
+        "--grpc-port",
+        "--metrics-port",
+        "--exit-on-error",
+        "--strict-readiness",
+        "--disable-auto-complete-config",
+        "--log-verbose",
+        "--http-max-input-size",
+    ):
         assert flag in result.stdout
 
 
@@ -70,9 +80,14 @@ def broken_repository(tmp_path: Path, model_repository: Path) -> Path:
 
 
 def test_exit_on_error_true_names_the_model_and_reason(broken_repository: Path) -> None:
-    result = run_cli(f"--model-repository={broken_repository}", "--http-port=0",
-                     "--grpc-port=0", "--metrics-port=0", "--allow-grpc=false",
-                     "--allow-metrics=false")
+    result = run_cli(
+        f"--model-repository={broken_repository}",
+        "--http-port=0",
+        "--grpc-port=0",
+        "--metrics-port=0",
+        "--allow-grpc=false",
+        "--allow-metrics=false",
+    )
     assert result.returncode == 1
     assert "model 'broken' failed to load" in result.stderr
     assert "4:" in result.stderr  # the parse error names its line
@@ -93,7 +108,7 @@ def test_exit_on_error_false_serves_the_good_models(broken_repository: Path, lau
     assert get(server, "GET", "/v2/models/broken/ready")[0] == 400
     # strict readiness: a model that failed makes the server not ready
     assert get(server, "GET", "/v2/health/ready")[0] == 400
-    status, body = get(server, "POST", "/v2/repository/index")
+    _, body = get(server, "POST", "/v2/repository/index")
     index = {entry["name"]: entry for entry in orjson.loads(body)}
     assert index["simple"]["state"] == "READY"
     assert index["broken"]["state"] == "UNAVAILABLE"

@@ -11,7 +11,7 @@ _LOADED: dict[str, Backend] = {}
 
 
 def get_backend(name: str) -> Backend:
-    """The backend registered under `name`; imported on first use so unused frameworks cost nothing."""
+    """The backend registered as `name`, imported on first use: unused frameworks cost nothing."""
     backend = _LOADED.get(name)
     if backend is not None:
         return backend

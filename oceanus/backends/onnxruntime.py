@@ -94,9 +94,7 @@ class OnnxRuntimeBackend(Backend):
                     f"input '{name}' is missing from the configuration"
                 )
 
-    def _autocomplete(
-        self, config: mc.ModelConfig, inputs: list[Any], outputs: list[Any]
-    ) -> None:
+    def _autocomplete(self, config: mc.ModelConfig, inputs: list[Any], outputs: list[Any]) -> None:
         """Fill inputs/outputs the config leaves out, as Triton's ONNX Runtime backend does."""
         if config.max_batch_size == 0 and not config.input and not config.output:
             batchable = all(_model_dims(t.shape)[:1] == [-1] for t in inputs + outputs)
@@ -217,7 +215,10 @@ class OnnxRuntimeInstance(BackendInstance):
             return self._execute_ortvalues(inputs)
         feed = {name: self._to_ort(name, array) for name, array in inputs.items()}
         results = self._session.run(self._output_names, feed)
-        return {name: self._from_ort(value) for name, value in zip(self._output_names, results, strict=True)}
+        return {
+            name: self._from_ort(value)
+            for name, value in zip(self._output_names, results, strict=True)
+        }
 
     def _to_ort(self, name: str, array: np.ndarray) -> np.ndarray:
         if array.dtype == np.dtype(object):

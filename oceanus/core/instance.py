@@ -111,14 +111,19 @@ class InstanceWorker:
             return result
         except Exception as exc:  # a backend failure must never kill the thread
             log.exception("instance %s failed to execute a batch", self.spec.name)
-            result.error = internal(f"{type(exc).__name__}: {exc}")
+            result.error = internal(
+                f"Failed to process the request(s) for model '{self.spec.name}', message: "
+                f"{type(exc).__name__}: {exc}"
+            )
             return result
         result.input_ns = assembled - result.started_ns
         result.infer_ns = executed - assembled
         result.output_ns = done - executed
         return result
 
-    def _split(self, batch: list[Job], outputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    def _split(
+        self, batch: list[Job], outputs: dict[str, np.ndarray]
+    ) -> list[dict[str, np.ndarray]]:
         if len(batch) == 1:
             return [outputs]
         total = sum(job.rows for job in batch)
@@ -140,7 +145,4 @@ class InstanceWorker:
 def _assemble(batch: list[Job]) -> dict[str, np.ndarray]:
     if len(batch) == 1:
         return batch[0].inputs
-    return {
-        name: np.concatenate([job.inputs[name] for job in batch])
-        for name in batch[0].inputs
-    }
+    return {name: np.concatenate([job.inputs[name] for job in batch]) for name in batch[0].inputs}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import time
 from pathlib import Path
 from typing import Any
 
@@ -72,20 +71,13 @@ class ModelVersion:
                 f"Request for unknown model: '{self.name}' version {self.version} is not at "
                 "ready state"
             )
-        try:
-            inputs, rows = validate_request(
-                request, self.name, self.config.max_batch_size, self.inputs, self.outputs
-            )
-        except InferenceServerError:
-            self.stats.record_failure(time.monotonic_ns() - request.received_ns, "OTHER")
-            raise
+        # As in Triton, requests refused before they are queued (invalid, queue full) are not
+        # counted in the statistics.
+        inputs, rows = validate_request(
+            request, self.name, self.config.max_batch_size, self.inputs, self.outputs
+        )
         future: asyncio.Future[InferResponse] = loop.create_future()
-        job = Job(request=request, inputs=inputs, rows=rows, future=future)
-        try:
-            self.scheduler.enqueue(job)
-        except InferenceServerError as exc:
-            self.stats.record_failure(time.monotonic_ns() - request.received_ns, "REJECTED")
-            raise exc
+        self.scheduler.enqueue(Job(request=request, inputs=inputs, rows=rows, future=future))
         return future
 
     def _complete(

@@ -1,6 +1,6 @@
 """config.pbtxt: parse Triton's protobuf text format into ModelConfig and normalize it.
 
-The schema is Triton's own (``tritonclient.grpc.model_config_pb2``), so field numbers and names match
+The schema is Triton's own (``tritonclient.grpc.model_config_pb2``): field numbers and names match
 Triton exactly. Normalization fills the defaults Triton fills, so `/v2/models/<m>/config` prints
 what Triton would print.
 """
@@ -117,11 +117,13 @@ def _normalize_optimization(config: mc.ModelConfig) -> None:
 
 
 def _normalize_instance_groups(config: mc.ModelConfig, gpu_count: int) -> None:
+    # As Triton names them: the default group takes the model's name, an unnamed declared group
+    # "<model>_<index>"; instances are then "<group>_<n>".
     if not config.instance_group:
-        config.instance_group.add()
-    for group in config.instance_group:
+        config.instance_group.add().name = config.name
+    for index, group in enumerate(config.instance_group):
         if not group.name:
-            group.name = config.name
+            group.name = f"{config.name}_{index}"
         if group.count < 1:
             group.count = 1
         if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
@@ -185,7 +187,7 @@ def _validate_tensor(config: mc.ModelConfig, kind: str, tensor: mc.ModelInput) -
 
 
 def datatype_name(data_type: int) -> str:
-    """"TYPE_FP32" for mc.TYPE_FP32."""
+    """ "TYPE_FP32" for mc.TYPE_FP32."""
     return str(mc.DataType.Name(data_type))
 
 

@@ -104,9 +104,9 @@ class LoadedModel:
     versions: list[LoadedVersion]
 
 
-def prepare_config(model_dir: Path, autocomplete: bool, gpu_count: int) -> tuple[
-    mc.ModelConfig, Backend, dict[int, Path]
-]:
+def prepare_config(
+    model_dir: Path, autocomplete: bool, gpu_count: int
+) -> tuple[mc.ModelConfig, Backend, dict[int, Path]]:
     """Read, complete, validate and normalize a model's config (blocking)."""
     config = read_config(model_dir, autocomplete)
     model_config.validate_name(config, model_dir.name)

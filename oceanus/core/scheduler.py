@@ -103,7 +103,9 @@ class Scheduler:
         self._held: dict[int, Held] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at_ns = 0
-        self._delay_count = int(os.environ.get(DELAY_SCHEDULER_ENV, "0") or 0) if self._dynamic else 0
+        self._delay_count = (
+            int(os.environ.get(DELAY_SCHEDULER_ENV, "0") or 0) if self._dynamic else 0
+        )
         self._closed = False
         for worker in workers:
             worker.start(self._on_batch_done)
@@ -128,14 +130,16 @@ class Scheduler:
         if policy.max_queue_size and len(self._queues[level]) + len(self._delayed[level]) >= (
             policy.max_queue_size
         ):
-            raise unavailable("Exceeds maximum queue size")
+            request_id = job.request.id or "<id_unknown>"
+            raise unavailable(f"[request id: {request_id}] Exceeds maximum queue size")
         job.priority = level
         job.enqueued_ns = time.monotonic_ns()
         timeout_us = policy.default_timeout_us
         if policy.allow_timeout_override:
+            # A request may shorten the default timeout, never lengthen it (as in Triton).
             requested = job.request.parameters.get("timeout")
             if isinstance(requested, int) and requested > 0:
-                timeout_us = requested
+                timeout_us = min(timeout_us, requested) if timeout_us else requested
         job.deadline_ns = job.enqueued_ns + timeout_us * 1000 if timeout_us else 0
         job.seq = self._next_seq
         self._next_seq += 1
@@ -287,10 +291,10 @@ class Scheduler:
         now = time.monotonic_ns()
         self._executing -= len(batch)
         self._idle.append(worker)
-        if result.error is None:
-            self._stats.record_execution(
-                sum(job.rows for job in batch), result.input_ns, result.infer_ns, result.output_ns
-            )
+        # A failed execution still counts as one, as in Triton.
+        self._stats.record_execution(
+            sum(job.rows for job in batch), result.input_ns, result.infer_ns, result.output_ns
+        )
         for index, job in enumerate(batch):
             self._finish(job, result, now, result.error, index)
         if not self._closed:

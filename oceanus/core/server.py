@@ -16,7 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus import __version__
 from oceanus.core import repository
-from oceanus.core.errors import InferenceServerError, not_found, unavailable
+from oceanus.core.errors import InferenceServerError, invalid_arg, not_found, unavailable
 from oceanus.core.instance import InstanceWorker
 from oceanus.core.model import ModelState, ModelVersion
 from oceanus.core.types import InferRequest, InferResponse
@@ -95,7 +95,9 @@ class ServerCore:
             return entry
         entry.config = config
         if not versions:
-            entry.error = f"at least one version must be available under the version policy of model '{name}'"
+            entry.error = (
+                f"at least one version must be available under the version policy of model '{name}'"
+            )
             log.error("failed to load '%s': %s", name, entry.error)
         pending = {v: ModelVersion(name, v, config, path) for v, path in versions.items()}
         entry.versions.update(pending)
@@ -172,7 +174,7 @@ class ServerCore:
         if not version:
             found = entry.highest_ready()
             if found is None:
-                raise unavailable(f"Request for unknown model: '{name}' has no available versions")
+                raise not_found(f"Request for unknown model: '{name}' has no available versions")
             return found
         try:
             number = int(version)
@@ -216,11 +218,18 @@ class ServerCore:
 
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
         if name:
+            entry = self.models.get(name)
+            if entry is None or entry.highest_ready() is None:
+                raise invalid_arg(f"requested model '{name}' is not available")
             if version:
-                chosen = [self.resolve(name, version)]
+                found = entry.versions.get(int(version)) if version.isdigit() else None
+                if found is None or not found.ready:
+                    raise invalid_arg(
+                        f"requested model version is not available for model '{name}'"
+                    )
+                chosen = [found]
             else:
-                self.resolve(name)
-                chosen = [v for _, v in sorted(self.models[name].versions.items()) if v.ready]
+                chosen = [v for _, v in sorted(entry.versions.items()) if v.ready]
         else:
             chosen = [
                 v

@@ -14,22 +14,49 @@ from oceanus.core.datatypes import DataType
 from oceanus.core.errors import invalid_arg
 
 
-def array_from_bytes(name: str, datatype: DataType, chunk: bytes | memoryview) -> np.ndarray:
-    """A flat array over `chunk` (the caller checks the element count against the shape)."""
-    if datatype.is_bytes:
-        items = datatypes.deserialize_bytes(chunk)
-        if items is None:
+def bytes_elements(name: str, chunk: bytes | memoryview) -> np.ndarray:
+    """Length-framed BYTES elements as a flat object array (Triton's texts when malformed)."""
+    view = memoryview(chunk)
+    items: list[bytes] = []
+    offset, end = 0, len(view)
+    while offset < end:
+        if offset + 4 > end:
             raise invalid_arg(
-                f"unexpected BYTES framing for input '{name}': each element needs a 4-byte "
-                "length followed by that many bytes"
+                f"incomplete string length for inference input '{name}', expecting 4 bytes "
+                f"but only {end - offset} bytes available"
             )
-        array = np.empty(len(items), dtype=object)
-        array[:] = items
-        return array
+        length = int.from_bytes(view[offset : offset + 4], "little")
+        offset += 4
+        if offset + length > end:
+            raise invalid_arg(
+                f"incomplete string data for inference input '{name}', expecting string of "
+                f"length {length} but only {end - offset} bytes available"
+            )
+        items.append(bytes(view[offset : offset + length]))
+        offset += length
+    array = np.empty(len(items), dtype=object)
+    array[:] = items
+    return array
+
+
+def array_from_bytes(
+    name: str,
+    datatype: DataType,
+    chunk: bytes | memoryview,
+    shape: tuple[int, ...],
+    model_name: str,
+    request_id: str,
+) -> np.ndarray:
+    """A flat array over `chunk` (the core checks the element count against the shape)."""
+    if datatype.is_bytes:
+        return bytes_elements(name, chunk)
     if len(chunk) % datatype.itemsize:
+        expected = datatype.itemsize
+        for dim in shape:
+            expected *= dim
         raise invalid_arg(
-            f"input '{name}' holds {len(chunk)} bytes, not a whole number of "
-            f"{datatype.name} elements of {datatype.itemsize} bytes"
+            f"[request id: {request_id or '<id_unknown>'}] input byte size mismatch for input "
+            f"'{name}' for model '{model_name}'. Expected {expected}, got {len(chunk)}"
         )
     return np.frombuffer(chunk, dtype=datatype.dtype)
 

@@ -62,11 +62,19 @@ def validate_request(
     prefix = _request_prefix(request)
     given: dict[str, np.ndarray] = {}
     batch_size = 0
+    if max_batch_size > 0:
+        # Triton checks the batch size (each input's first dimension) before anything else.
+        for tensor in request.inputs:
+            if tensor.shape and tensor.shape[0] > max_batch_size:
+                raise invalid_arg(
+                    f"{prefix}inference request batch-size must be <= {max_batch_size} for "
+                    f"'{model_name}'"
+                )
     for tensor in request.inputs:
         spec = inputs.get(tensor.name)
         if spec is None:
             raise invalid_arg(
-                f"{prefix}unexpected inference input '{tensor.name}' for model '{model_name}'"
+                f"unexpected inference input '{tensor.name}' for model '{model_name}'"
             )
         if tensor.name in given:
             raise invalid_arg(
@@ -110,8 +118,7 @@ def validate_request(
         for output in request.outputs:
             if output.name not in outputs:
                 raise invalid_arg(
-                    f"{prefix}unexpected inference output '{output.name}' for model "
-                    f"'{model_name}'"
+                    f"unexpected inference output '{output.name}' for model '{model_name}'"
                 )
     return given, batch_size if max_batch_size > 0 else 1
 
@@ -147,7 +154,7 @@ def _shape_error(
             "max_batch_size to zero. See the model configuration docs for more info on "
             "max_batch_size."
         )
-    return invalid_arg(message.rstrip())
+    return invalid_arg(message)  # Triton keeps the trailing space when there is no NOTE
 
 
 def _shaped(

@@ -63,12 +63,17 @@ def batch_sizes(entry: dict[str, Any]) -> dict[int, int]:
     return {b["batch_size"]: b["compute_infer"]["count"] for b in entry["batch_stats"]}
 
 
-async def gather_results(server: Any, model: str, requests: list[list[Any]],
-                         options: list[dict[str, Any]] | None = None,
-                         stagger: float = 0.0) -> list[Any]:
+async def gather_results(
+    server: Any,
+    model: str,
+    requests: list[list[Any]],
+    options: list[dict[str, Any]] | None = None,
+    stagger: float = 0.0,
+) -> list[Any]:
     """Send requests concurrently; each result is an InferResult or the exception raised."""
     client = aioclient.InferenceServerClient(server.http_url)
     try:
+
         async def one(index: int, inputs: list[Any]) -> Any:
             await asyncio.sleep(stagger * index)
             kwargs = options[index] if options else {}
@@ -88,24 +93,82 @@ def repository(tmp_path_factory: pytest.TempPathFactory, model_repository: Path)
     simple = model_repository / "simple"
     slow = model_repository / "slow_fp32"
     identity = model_repository / "identity_fp32"
-    add_model(repo, simple, "preferred4", 8, SIMPLE_IO + """
-dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 600000 }""")
-    add_model(repo, identity, "ragged", 8, """
+    add_model(
+        repo,
+        simple,
+        "preferred4",
+        8,
+        SIMPLE_IO
+        + """
+dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 600000 }""",
+    )
+    add_model(
+        repo,
+        identity,
+        "ragged",
+        8,
+        """
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 300000 }""")
-    add_model(repo, slow, "slow_queue1", 64, SLOW_IO + """
-dynamic_batching { default_queue_policy { max_queue_size: 1 } }""")
-    add_model(repo, slow, "slow_timeout", 64, SLOW_IO + """
+dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 300000 }""",
+    )
+    add_model(
+        repo,
+        slow,
+        "slow_queue1",
+        64,
+        SLOW_IO
+        + """
+dynamic_batching { default_queue_policy { max_queue_size: 1 } }""",
+    )
+    add_model(
+        repo,
+        slow,
+        "slow_timeout",
+        64,
+        SLOW_IO
+        + """
 dynamic_batching { default_queue_policy { timeout_action: REJECT
-  default_timeout_microseconds: 1000 allow_timeout_override: true } }""")
-    add_model(repo, slow, "slow_delay", 64, SLOW_IO + """
+  default_timeout_microseconds: 1000 allow_timeout_override: true } }""",
+    )
+    add_model(
+        repo,
+        slow,
+        "slow_long_timeout",
+        64,
+        SLOW_IO
+        + """
+dynamic_batching { default_queue_policy { timeout_action: REJECT
+  default_timeout_microseconds: 30000000 allow_timeout_override: true } }""",
+    )
+    add_model(
+        repo,
+        slow,
+        "slow_delay",
+        64,
+        SLOW_IO
+        + """
 dynamic_batching { default_queue_policy { timeout_action: DELAY
-  default_timeout_microseconds: 1000 } }""")
-    add_model(repo, slow, "slow_priority", 1, SLOW_IO + """
-dynamic_batching { priority_levels: 2 default_priority_level: 2 }""")
-    add_model(repo, slow, "slow_two", 64, SLOW_IO + """
-instance_group [ { count: 2 kind: KIND_CPU } ]""")
+  default_timeout_microseconds: 1000 } }""",
+    )
+    add_model(
+        repo,
+        slow,
+        "slow_priority",
+        1,
+        SLOW_IO
+        + """
+dynamic_batching { priority_levels: 2 default_priority_level: 2 }""",
+    )
+    add_model(
+        repo,
+        slow,
+        "slow_two",
+        64,
+        SLOW_IO
+        + """
+instance_group [ { count: 2 kind: KIND_CPU } ]""",
+    )
     add_model(repo, simple, "simple_loaded", 8, SIMPLE_IO + "dynamic_batching { }")
     return repo
 
@@ -137,9 +200,11 @@ def test_max_queue_delay_is_respected(server: Any) -> None:
 
 def test_rows_count_toward_the_batch(server: Any) -> None:
     before = stats(server, "preferred4")
-    results = asyncio.run(gather_results(
-        server, "preferred4", [simple_inputs(rows=3, value=2), simple_inputs(rows=1, value=5)]
-    ))
+    results = asyncio.run(
+        gather_results(
+            server, "preferred4", [simple_inputs(rows=3, value=2), simple_inputs(rows=1, value=5)]
+        )
+    )
     assert results[0].as_numpy("OUTPUT0").tolist() == [[4] * 16] * 3
     assert results[1].as_numpy("OUTPUT0").tolist() == [[10] * 16]
     after = stats(server, "preferred4")
@@ -148,9 +213,9 @@ def test_rows_count_toward_the_batch(server: Any) -> None:
 
 
 def test_different_shapes_are_never_merged(server: Any) -> None:
-    results = asyncio.run(gather_results(
-        server, "ragged", [slow_inputs(1.0, width=3), slow_inputs(2.0, width=5)]
-    ))
+    results = asyncio.run(
+        gather_results(server, "ragged", [slow_inputs(1.0, width=3), slow_inputs(2.0, width=5)])
+    )
     assert results[0].as_numpy("OUTPUT0").shape == (1, 3)
     assert results[1].as_numpy("OUTPUT0").shape == (1, 5)
     assert batch_sizes(stats(server, "ragged")) == {1: 2}
@@ -163,12 +228,13 @@ def test_queue_full_is_rejected_with_503(server: Any) -> None:
     assert len(errors) <= 4
     for error in errors:
         assert error.status() == "503"
-        assert error.message() == "Exceeds maximum queue size"
+        assert error.message() == "[request id: <id_unknown>] Exceeds maximum queue size"
 
 
 def test_queue_timeout_rejects_with_503(server: Any) -> None:
-    results = asyncio.run(gather_results(server, "slow_timeout", [slow_inputs() for _ in range(4)],
-                                         stagger=0.01))
+    results = asyncio.run(
+        gather_results(server, "slow_timeout", [slow_inputs() for _ in range(4)], stagger=0.01)
+    )
     assert not isinstance(results[0], Exception)
     errors = [r for r in results if isinstance(r, Exception)]
     assert errors
@@ -178,17 +244,27 @@ def test_queue_timeout_rejects_with_503(server: Any) -> None:
     assert stats(server, "slow_timeout")["inference_stats"]["fail"]["count"] == len(errors)
 
 
-def test_timeout_override_lets_a_request_wait(server: Any) -> None:
-    results = asyncio.run(gather_results(
-        server, "slow_timeout", [slow_inputs(), slow_inputs()],
-        options=[{}, {"timeout": 30_000_000}], stagger=0.02,
-    ))
-    assert all(not isinstance(r, Exception) for r in results), results
+def test_timeout_override_can_only_shorten_the_timeout(server: Any) -> None:
+    """The request `timeout` shortens the 30 s default of slow_long_timeout, as in Triton."""
+    results = asyncio.run(
+        gather_results(
+            server,
+            "slow_long_timeout",
+            [slow_inputs(), slow_inputs(), slow_inputs()],
+            options=[{}, {"timeout": 1000}, {"timeout": 60_000_000}],
+            stagger=0.02,
+        )
+    )
+    assert not isinstance(results[0], Exception)
+    assert isinstance(results[1], InferenceServerException)
+    assert results[1].message() == "Request timeout expired"
+    assert not isinstance(results[2], Exception)
 
 
 def test_delay_action_still_serves_expired_requests(server: Any) -> None:
-    results = asyncio.run(gather_results(server, "slow_delay", [slow_inputs() for _ in range(4)],
-                                         stagger=0.01))
+    results = asyncio.run(
+        gather_results(server, "slow_delay", [slow_inputs() for _ in range(4)], stagger=0.01)
+    )
     assert all(not isinstance(r, Exception) for r in results)
 
 
@@ -198,6 +274,7 @@ def test_priority_levels_serve_high_priority_first(server: Any) -> None:
     async def run() -> None:
         client = aioclient.InferenceServerClient(server.http_url)
         try:
+
             async def one(label: str, priority: int, delay: float) -> None:
                 await asyncio.sleep(delay)
                 await client.infer("slow_priority", slow_inputs(), priority=priority)
@@ -205,8 +282,11 @@ def test_priority_levels_serve_high_priority_first(server: Any) -> None:
 
             # the first occupies the instance; the rest queue, low priority ones first
             await asyncio.gather(
-                one("first", 0, 0.0), one("low-a", 0, 0.03), one("low-b", 0, 0.04),
-                one("high-a", 1, 0.05), one("high-b", 1, 0.06),
+                one("first", 0, 0.0),
+                one("low-a", 0, 0.03),
+                one("low-b", 0, 0.04),
+                one("high-a", 1, 0.05),
+                one("high-b", 1, 0.06),
             )
         finally:
             await client.close()
@@ -226,16 +306,18 @@ def test_two_instances_execute_at_the_same_time(server: Any) -> None:
     assert all(not isinstance(r, Exception) for r in results)
     after = stats(server, "slow_two")
     assert after["execution_count"] - before["execution_count"] == 2
-    infer_ns = after["inference_stats"]["compute_infer"]["ns"] - before["inference_stats"][
-        "compute_infer"]["ns"]
+    infer_ns = (
+        after["inference_stats"]["compute_infer"]["ns"]
+        - before["inference_stats"]["compute_infer"]["ns"]
+    )
     # two executions that overlap take less wall time than their summed compute time
     assert wall * 1e9 < 0.9 * infer_ns
 
 
 def test_concurrent_single_requests_are_batched(server: Any) -> None:
-    results = asyncio.run(gather_results(
-        server, "simple_loaded", [simple_inputs(value=i) for i in range(64)]
-    ))
+    results = asyncio.run(
+        gather_results(server, "simple_loaded", [simple_inputs(value=i) for i in range(64)])
+    )
     for i, result in enumerate(results):
         assert result.as_numpy("OUTPUT0").tolist() == [[2 * i] * 16]
     entry = stats(server, "simple_loaded")
@@ -248,12 +330,19 @@ def test_disconnected_clients_leave_the_queue(model_repository: Path, launch: An
     a client that leaves first must not count toward those two, nor be executed."""
     import orjson
 
-    server = launch([model_repository], ["--allow-grpc=false", "--allow-metrics=false"],
-                    env={"TRITONSERVER_DELAY_SCHEDULER": "2"})
-    body = orjson.dumps({"inputs": [
-        {"name": name, "datatype": "INT32", "shape": [1, 16], "data": [1] * 16}
-        for name in ("INPUT0", "INPUT1")
-    ]})
+    server = launch(
+        [model_repository],
+        ["--allow-grpc=false", "--allow-metrics=false"],
+        env={"TRITONSERVER_DELAY_SCHEDULER": "2"},
+    )
+    body = orjson.dumps(
+        {
+            "inputs": [
+                {"name": name, "datatype": "INT32", "shape": [1, 16], "data": [1] * 16}
+                for name in ("INPUT0", "INPUT1")
+            ]
+        }
+    )
     request = (
         b"POST /v2/models/simple_dyna/infer HTTP/1.1\r\nHost: x\r\n"
         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from oceanus.core.errors import InferenceServerError, invalid_arg, unsupported
+from oceanus.core.errors import InferenceServerError, invalid_arg, unavailable
 from oceanus.core.proto_json import message_to_dict
 from oceanus.core.server import ServerCore
 from oceanus.frontends.http import codec
@@ -36,10 +36,13 @@ DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
 class HttpError(Exception):
     """An HTTP-only failure (routing, method, encoding) with its status."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(
+        self, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers or []
 
 
 class HttpFrontend:
@@ -53,7 +56,7 @@ class HttpFrontend:
         try:
             await self._dispatch(scope, receive, send)
         except HttpError as exc:
-            await _send_error(send, exc.status, exc.message)
+            await _send_error(send, exc.status, exc.message, exc.headers)
         except InferenceServerError as exc:
             await _send_error(send, http_status(exc.code), exc.message)
         except Exception as exc:  # a bug must cost one request, never the server
@@ -62,11 +65,12 @@ class HttpFrontend:
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         method: str = scope["method"]
-        parts = scope["path"].strip("/").split("/")
+        # Routing is strict, as in Triton: no trailing slashes, versions are digits.
+        parts = scope["path"].split("/")[1:]
         if not parts or parts[0] != "v2":
             raise HttpError(404, "Not Found")
         parts = parts[1:]
-        if not parts or parts == [""]:
+        if not parts:
             _require(method, "GET")
             return await _send_json(send, self.core.metadata())
         head = parts[0]
@@ -76,12 +80,24 @@ class HttpFrontend:
             _require(method, "GET")
             healthy = self.core.live if parts[1] == "live" else self.core.ready()
             return await _send_empty(send, 200 if healthy else 400)
-        if head == "repository" and parts[1:] == ["index"]:
+        if head == "repository":
+            return await self._repository(method, parts[1:], scope, receive, send)
+        raise HttpError(404, "Not Found")
+
+    async def _repository(
+        self, method: str, parts: list[str], scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        if parts == ["index"]:
             _require(method, "POST")
             body = await self._read_body(scope, receive)
             options = codec.parse_json(body) if body.strip() else {}
             ready_only = bool(options.get("ready")) if isinstance(options, dict) else False
             return await _send_json(send, self.core.repository_index(ready_only))
+        if len(parts) == 3 and parts[0] == "models" and parts[2] in ("load", "unload") and parts[1]:
+            _require(method, "POST")
+            await self._read_body(scope, receive)
+            # Only --model-control-mode=none exists so far; Triton answers it so.
+            raise unavailable("explicit model load / unload is not allowed if polling is enabled")
         raise HttpError(404, "Not Found")
 
     async def _models(
@@ -93,26 +109,28 @@ class HttpFrontend:
         if not parts or not parts[0]:
             raise HttpError(404, "Not Found")
         name, rest, version = parts[0], parts[1:], ""
-        if len(rest) >= 2 and rest[0] == "versions":
+        if rest and rest[0] == "versions":
+            if len(rest) < 2 or not rest[1].isdigit():
+                raise HttpError(404, "Not Found")
             version, rest = rest[1], rest[2:]
-        elif rest and rest[0] == "versions":
+        if len(rest) > 1 or rest == [""]:
             raise HttpError(404, "Not Found")
         action = rest[0] if rest else ""
-        if len(rest) > 1:
-            raise HttpError(404, "Not Found")
         if action == "infer":
             _require(method, "POST")
             return await self._infer(name, version, scope, receive, send)
+        if action not in ("", "ready", "config", "stats"):
+            raise HttpError(404, "Not Found")
         _require(method, "GET")
         if action == "":
             return await _send_json(send, self.core.model_metadata(name, version))
         if action == "ready":
-            return await _send_empty(send, 200 if self.core.model_ready(name, version) else 400)
+            if self.core.model_ready(name, version):
+                return await _send_empty(send, 200)
+            raise HttpError(400, "Model version not ready")
         if action == "config":
             return await _send_json(send, message_to_dict(self.core.model_config(name, version)))
-        if action == "stats":
-            return await _send_json(send, {"model_stats": self.core.statistics(name, version)})
-        raise HttpError(404, "Not Found")
+        return await _send_json(send, {"model_stats": self.core.statistics(name, version)})
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         encoding = b""
@@ -208,7 +226,9 @@ def _decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
     elif encoding == b"deflate":
         decoder = zlib.decompressobj()
     else:
-        raise unsupported(f"Unsupported content-encoding: '{encoding.decode('latin-1')}'")
+        raise HttpError(
+            501, "Unsupported compression type", [(b"accept-encoding", b"gzip, deflate")]
+        )
     try:
         data = decoder.decompress(body, limit + 1)
     except zlib.error as exc:
@@ -227,14 +247,13 @@ def _compress(payload: bytes, accept: bytes) -> tuple[bytes, bytes]:
     return payload, b""
 
 
-async def _send_json(send: Send, document: Any, status: int = 200) -> None:
+async def _send_json(
+    send: Send, document: Any, status: int = 200, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
     body = orjson.dumps(document)
+    headers = [(b"content-type", JSON), (b"content-length", str(len(body)).encode())]
     await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", JSON), (b"content-length", str(len(body)).encode())],
-        }
+        {"type": "http.response.start", "status": status, "headers": headers + (extra or [])}
     )
     await send({"type": "http.response.body", "body": body})
 
@@ -246,5 +265,7 @@ async def _send_empty(send: Send, status: int) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
-async def _send_error(send: Send, status: int, message: str) -> None:
-    await _send_json(send, {"error": message}, status)
+async def _send_error(
+    send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await _send_json(send, {"error": message}, status, headers)

@@ -23,14 +23,29 @@ def parse_json(data: bytes | memoryview, what: str = "request") -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise invalid_arg(f"failed to parse the {what} JSON buffer: {exc.msg} at {exc.pos}") from None
+        raise invalid_arg(
+            f"failed to parse the {what} JSON buffer: {exc.msg} at {exc.pos}"
+        ) from None
+
+
+def _member(document: dict[str, Any], key: str) -> Any:
+    if key not in document:
+        raise invalid_arg(
+            f"Unable to parse '{key}': attempt to access non-existing object member '{key}'"
+        )
+    return document[key]
 
 
 def decode_infer_request(
     body: bytes, header_length: str | None, model_name: str, model_version: str
 ) -> InferRequest:
-    """Build a core request from an `/infer` body (JSON, or JSON header + binary tensors)."""
+    """Build a core request from an `/infer` body (JSON, or JSON header + binary tensors).
+
+    Error texts are Triton's; where Triton answers a client's mistake with 500, the core's
+    INVALID_ARG makes it a 400 with the same words.
+    """
     view = memoryview(body)
+    json_size = len(body)
     if header_length is not None:
         try:
             json_size = int(header_length)
@@ -40,107 +55,190 @@ def decode_infer_request(
             ) from None
         if json_size < 0 or json_size > len(body):
             raise invalid_arg(
-                f"Inference-Header-Content-Length {json_size} exceeds the request body size "
-                f"{len(body)}"
+                f"inference header size should be in range (0, {len(body)}), got: {json_size}"
             )
-        document = parse_json(view[:json_size])
-        binary = view[json_size:]
-    else:
-        document = parse_json(body)
-        binary = view[len(body) :]
+    document = parse_json(view[:json_size])
+    binary = view[json_size:]
     if not isinstance(document, dict):
-        raise invalid_arg("failed to parse the request JSON buffer: expected a JSON object")
+        raise invalid_arg(
+            "Unable to parse 'inputs': attempt to access non-existing object member 'inputs'"
+        )
     request = InferRequest(model_name=model_name, model_version=model_version)
     request_id = document.get("id")
     if request_id is not None:
-        request.id = str(request_id)
+        if not isinstance(request_id, str):
+            raise invalid_arg("Unable to parse 'id': attempt to access JSON non-string as string")
+        request.id = request_id
     parameters = document.get("parameters")
     if parameters is not None:
-        if not isinstance(parameters, dict):
-            raise invalid_arg("'parameters' must be a JSON object")
-        request.parameters = parameters
-    inputs = document.get("inputs")
+        request.parameters = _parameters(parameters)
+    inputs = _member(document, "inputs")
     if not isinstance(inputs, list):
-        raise invalid_arg("Unable to find 'inputs' in the request JSON")
+        raise invalid_arg("Unable to parse 'inputs': attempt to access JSON non-array as array")
     offset = 0
     for item in inputs:
-        tensor, offset = _decode_input(item, binary, offset)
+        tensor, offset = _decode_input(item, binary, offset, request)
         request.inputs.append(tensor)
     if offset != len(binary):
-        raise invalid_arg(
-            f"unexpected additional input data for model '{model_name}': the request holds "
-            f"{len(binary)} bytes of binary data but its inputs use {offset}"
-        )
+        raise invalid_arg(f"unexpected additional input data for model '{model_name}'")
     outputs = document.get("outputs")
     if outputs is not None:
         if not isinstance(outputs, list):
-            raise invalid_arg("'outputs' must be a JSON array")
-        request.outputs = [_decode_output(item) for item in outputs]
+            raise invalid_arg(
+                "Unable to parse 'outputs': attempt to access JSON non-array as array"
+            )
+        seen: dict[str, RequestedOutput] = {}
+        for item in outputs:
+            output = _decode_output(item)
+            seen.setdefault(output.name, output)  # duplicates collapse, as in Triton
+        request.outputs = list(seen.values())
     return request
 
 
+_UNSIGNED = {"priority", "timeout"}
+
+
+def _parameters(parameters: Any) -> dict[str, Any]:
+    if not isinstance(parameters, dict):
+        raise invalid_arg("failed to get request params.: attempt to get members for non-object")
+    for key, value in parameters.items():
+        if isinstance(value, (list, dict)) or value is None:
+            raise invalid_arg(
+                f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or "
+                "'string'."
+            )
+        if key in _UNSIGNED and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 0
+        ):
+            raise invalid_arg(
+                f"Unable to parse '{key}': attempt to access JSON non-unsigned-integer as "
+                "unsigned-integer"
+            )
+        if key == "binary_data_output" and not isinstance(value, bool):
+            raise invalid_arg(
+                "Unable to parse 'binary_data_output': attempt to access JSON non-boolean as "
+                "boolean"
+            )
+    return parameters
+
+
 def _decode_output(item: Any) -> RequestedOutput:
-    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-        raise invalid_arg("each requested output must be a JSON object with a 'name'")
+    if not isinstance(item, dict):
+        raise invalid_arg(
+            "Unable to parse 'name': attempt to access non-existing object member 'name'"
+        )
+    name = _member(item, "name")
+    if not isinstance(name, str):
+        raise invalid_arg("Unable to parse 'name': attempt to access JSON non-string as string")
     parameters = item.get("parameters") or {}
     if not isinstance(parameters, dict):
-        raise invalid_arg(f"'parameters' of output '{item['name']}' must be a JSON object")
-    return RequestedOutput(item["name"], parameters)
+        raise invalid_arg("failed to get request params.: attempt to get members for non-object")
+    return RequestedOutput(name, parameters)
 
 
-def _decode_input(item: Any, binary: memoryview, offset: int) -> tuple[Tensor, int]:
+def _decode_input(
+    item: Any, binary: memoryview, offset: int, request: InferRequest
+) -> tuple[Tensor, int]:
+    model_name = request.model_name
     if not isinstance(item, dict):
-        raise invalid_arg("each input must be a JSON object")
-    name = item.get("name")
+        raise invalid_arg(
+            "Unable to parse 'name': attempt to access non-existing object member 'name'"
+        )
+    name = _member(item, "name")
     if not isinstance(name, str):
-        raise invalid_arg("Unable to find 'name' of an input in the request JSON")
-    datatype_name = item.get("datatype")
+        raise invalid_arg("Unable to parse 'name': attempt to access JSON non-string as string")
+    shape_value = _member(item, "shape")
+    if not isinstance(shape_value, list):
+        raise invalid_arg("Unable to parse 'shape': attempt to access JSON non-array as array")
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape_value):
+        raise invalid_arg(
+            "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as "
+            "unsigned-integer"
+        )
+    datatype_name = _member(item, "datatype")
     if not isinstance(datatype_name, str):
-        raise invalid_arg(f"Unable to find 'datatype' for input '{name}'")
-    shape_value = item.get("shape")
-    if not isinstance(shape_value, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape_value
-    ):
-        raise invalid_arg(f"Unable to parse 'shape' for input '{name}'")
+        raise invalid_arg("Unable to parse 'datatype': attempt to access JSON non-string as string")
     shape = tuple(shape_value)
     datatype = datatypes.from_name(datatype_name)
     if datatype is None:
-        raise invalid_arg(f"invalid datatype '{datatype_name}' for input '{name}'")
+        raise invalid_arg(f"invalid datatype for input {name}")
     parameters = item.get("parameters") or {}
-    binary_size = parameters.get("binary_data_size") if isinstance(parameters, dict) else None
+    if not isinstance(parameters, dict):
+        raise invalid_arg("failed to get request params.: attempt to get members for non-object")
+    binary_size = parameters.get("binary_data_size")
+    has_data = "data" in item
+    if has_data == (binary_size is not None):
+        given = " ".join(
+            f"'{f}'"
+            for f, on in (("data", has_data), ("binary_data_size", binary_size is not None))
+            if on
+        )
+        raise invalid_arg(
+            "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+            "'parameters', 'shared_memory_region' in 'parameters'. But "
+            + (f"set {given}" if given else "no field is set")
+        )
     if binary_size is not None:
-        if not isinstance(binary_size, int) or binary_size < 0:
-            raise invalid_arg(f"Unable to parse 'binary_data_size' for input '{name}'")
+        if isinstance(binary_size, bool) or not isinstance(binary_size, int) or binary_size < 0:
+            raise invalid_arg(
+                "Unable to parse 'binary_data_size': attempt to access JSON non-unsigned-integer "
+                "as unsigned-integer"
+            )
         end = offset + binary_size
         if end > len(binary):
             raise invalid_arg(
-                f"unexpected size for input '{name}', expecting {binary_size} bytes but the "
-                f"request holds only {len(binary) - offset} more bytes of binary data"
+                f"unexpected size for input '{name}', expecting {end - len(binary)} additional "
+                f"bytes for model '{model_name}'"
             )
-        data = _from_binary(name, datatype, binary[offset:end])
-        return Tensor(name, datatype_name, shape, data), end
-    if "data" not in item:
-        raise invalid_arg(f"input '{name}' has neither 'data' nor 'binary_data_size' parameter")
-    return Tensor(name, datatype_name, shape, _from_json(name, datatype, item["data"])), offset
-
-
-def _from_binary(name: str, datatype: DataType, chunk: memoryview) -> np.ndarray:
-    if datatype.is_bytes:
-        items = datatypes.deserialize_bytes(chunk)
-        if items is None:
+        chunk = binary[offset:end]
+        if datatype.is_bytes:
+            data = _bytes_elements(name, chunk)
+        elif binary_size % datatype.itemsize:
+            expected = datatype.itemsize
+            for dim in shape:
+                expected *= dim
             raise invalid_arg(
-                f"unexpected BYTES framing for input '{name}': each element needs a 4-byte "
-                "length followed by that many bytes"
+                f"[request id: {request.id or '<id_unknown>'}] input byte size mismatch for input "
+                f"'{name}' for model '{model_name}'. Expected {expected}, got {binary_size}"
             )
-        array = np.empty(len(items), dtype=object)
-        array[:] = items
-        return array
-    if len(chunk) % datatype.itemsize:
+        else:
+            data = np.frombuffer(chunk, dtype=datatype.dtype)
+        return Tensor(name, datatype_name, shape, data), end
+    if datatype.name in ("FP16", "BF16"):
         raise invalid_arg(
-            f"input '{name}' holds {len(chunk)} bytes, not a whole number of "
-            f"{datatype.name} elements of {datatype.itemsize} bytes"
+            f"receiving {datatype.name} data via JSON is not supported. Please use the binary "
+            f"data format for input {name}"
         )
-    return np.frombuffer(chunk, dtype=datatype.dtype)
+    data = _from_json(datatype, item["data"])
+    expected = 1
+    for dim in shape:
+        expected *= dim
+    if data.size != expected:
+        raise invalid_arg("Unable to parse 'data': Shape does not match true shape of 'data' field")
+    return Tensor(name, datatype_name, shape, data), offset
+
+
+def _bytes_elements(name: str, chunk: memoryview) -> np.ndarray:
+    items: list[bytes] = []
+    offset, end = 0, len(chunk)
+    while offset < end:
+        if offset + 4 > end:
+            raise invalid_arg(
+                f"incomplete string length for inference input '{name}', expecting 4 bytes "
+                f"but only {end - offset} bytes available"
+            )
+        length = int.from_bytes(chunk[offset : offset + 4], "little")
+        offset += 4
+        if offset + length > end:
+            raise invalid_arg(
+                f"incomplete string data for inference input '{name}', expecting string of "
+                f"length {length} but only {end - offset} bytes available"
+            )
+        items.append(bytes(chunk[offset : offset + length]))
+        offset += length
+    array = np.empty(len(items), dtype=object)
+    array[:] = items
+    return array
 
 
 def _flatten(data: Any) -> list[Any]:
@@ -154,42 +252,44 @@ def _flatten(data: Any) -> list[Any]:
     return data
 
 
-def _from_json(name: str, datatype: DataType, data: Any) -> np.ndarray:
+_JSON_KIND = {"i": "signed-integer", "u": "unsigned-integer", "f": "double", "b": "boolean"}
+
+
+def _type_error(datatype: DataType) -> InferenceServerError:
+    if datatype.is_bytes:
+        return invalid_arg(
+            "Unable to parse JSON bytes array: attempt to access JSON non-string as string"
+        )
+    kind = _JSON_KIND[datatype.dtype.kind]
+    return invalid_arg(f"Unable to parse 'data': attempt to access JSON non-{kind} as {kind}")
+
+
+def _from_json(datatype: DataType, data: Any) -> np.ndarray:
     flat = _flatten(data)
     if datatype.is_bytes:
+        if not all(isinstance(s, str) for s in flat):
+            raise _type_error(datatype)
         array = np.empty(len(flat), dtype=object)
-        try:
-            array[:] = [s.encode() if isinstance(s, str) else _reject(name, datatype) for s in flat]
-        except InferenceServerError:
-            raise
+        array[:] = [s.encode() for s in flat]
         return array
-    if datatype.name in ("FP16", "BF16"):
-        raise invalid_arg(
-            f"datatype {datatype.name} of input '{name}' is only supported in binary form "
-            "(binary_data_size); JSON cannot carry it"
-        )
-    if datatype.name == "BOOL":
-        if not all(isinstance(v, bool) for v in flat):
-            _reject(name, datatype)
-        return np.array(flat, dtype=np.bool_)
-    is_float = datatype.dtype.kind == "f"
-    for value in flat:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            _reject(name, datatype)
-        if not is_float and isinstance(value, float):
-            _reject(name, datatype)
+    kind = datatype.dtype.kind
+    if kind == "b":
+        valid = all(isinstance(v, bool) for v in flat)
+    elif kind == "f":
+        valid = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in flat)
+    elif kind == "u":
+        valid = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in flat)
+    else:
+        valid = all(isinstance(v, int) and not isinstance(v, bool) for v in flat)
+    if not valid:
+        raise _type_error(datatype)
     try:
         return np.array(flat, dtype=datatype.dtype)
-    except (OverflowError, ValueError):
-        _reject(name, datatype)
-        raise  # unreachable; keeps type checkers calm
-
-
-def _reject(name: str, datatype: DataType) -> Any:
-    raise invalid_arg(
-        f"Unable to parse 'data': the values of input '{name}' must all be of type "
-        f"{datatype.name}"
-    )
+    except OverflowError:
+        # Triton truncates out-of-range integers silently; refusing them is kinder.
+        raise invalid_arg(
+            f"Unable to parse 'data': a value is out of range for {datatype.name}"
+        ) from None
 
 
 def _json_data(array: np.ndarray, datatype: str) -> Any:
@@ -197,7 +297,10 @@ def _json_data(array: np.ndarray, datatype: str) -> Any:
     if datatype == "BYTES":
         return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in flat]
     if datatype in ("FP16", "BF16"):
-        return flat.astype(np.float32).tolist()
+        raise invalid_arg(
+            f"sending {datatype} data via JSON is not supported. Please use the binary data "
+            "format for output"
+        )
     return flat.tolist()
 
 
@@ -233,9 +336,11 @@ def encode_infer_response(
         else:
             entry["data"] = _json_data(tensor.data, tensor.datatype)
         outputs_json.append(entry)
-    document: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
+    document: dict[str, Any] = {}
     if response.id:
         document["id"] = response.id
+    document["model_name"] = response.model_name
+    document["model_version"] = response.model_version
     if response.parameters:
         document["parameters"] = response.parameters
     document["outputs"] = outputs_json

@@ -9,8 +9,13 @@ import orjson
 import tritonclient.http as httpclient
 
 
-def raw(server: Any, method: str, path: str, body: bytes | None = None,
-        headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+def raw(
+    server: Any,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, str], bytes]:
     connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
     connection.request(method, path, body=body, headers=headers or {})
     response = connection.getresponse()
@@ -68,7 +73,12 @@ def test_model_config_is_normalized_like_triton(server: Any) -> None:
     config = orjson.loads(body)
     # key order and defaults as the reference Triton 2.51 prints them
     assert list(config)[:6] == [
-        "name", "platform", "backend", "runtime", "version_policy", "max_batch_size"
+        "name",
+        "platform",
+        "backend",
+        "runtime",
+        "version_policy",
+        "max_batch_size",
     ]
     assert config["backend"] == "onnxruntime"
     assert config["version_policy"] == {"latest": {"num_versions": 1}}
@@ -82,9 +92,10 @@ def test_model_config_is_normalized_like_triton(server: Any) -> None:
         "optional": False,
         "is_non_linear_format_io": False,
     }
+    # a declared group without a name is "<model>_<index>", as Triton names it
     assert config["instance_group"] == [
         {
-            "name": "simple",
+            "name": "simple_0",
             "kind": "KIND_CPU",
             "count": 1,
             "gpus": [],
@@ -113,8 +124,14 @@ def test_statistics_layout(server: Any) -> None:
     for key in ("last_inference", "inference_count", "execution_count"):
         assert isinstance(entry[key], int)
     assert set(entry["inference_stats"]) == {
-        "success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
-        "cache_hit", "cache_miss",
+        "success",
+        "fail",
+        "queue",
+        "compute_input",
+        "compute_infer",
+        "compute_output",
+        "cache_hit",
+        "cache_miss",
     }
     assert "batch_stats" in entry
     everything = client.get_inference_statistics()
@@ -142,7 +159,9 @@ def test_unknown_paths_and_methods(server: Any) -> None:
     assert raw(server, "DELETE", "/v2/models/simple")[0] == 405
     status, _, body = raw(server, "GET", "/v2/models/no_such_model")
     assert status == 404
-    assert orjson.loads(body) == {"error": "Request for unknown model: 'no_such_model' is not found"}
+    assert orjson.loads(body) == {
+        "error": "Request for unknown model: 'no_such_model' is not found"
+    }
     status, _, body = raw(server, "GET", "/v2/models/simple/versions/7")
     assert status == 404
     assert "version 7 is not found" in orjson.loads(body)["error"]

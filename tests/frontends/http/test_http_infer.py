@@ -75,7 +75,9 @@ def test_identity_json_round_trip(server: Any, datatype: str) -> None:
         assert np.array_equal(received.astype(sent.dtype), sent)
 
 
-def simple_inputs(binary: bool = True) -> tuple[list[httpclient.InferInput], np.ndarray, np.ndarray]:
+def simple_inputs(
+    binary: bool = True,
+) -> tuple[list[httpclient.InferInput], np.ndarray, np.ndarray]:
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     b = np.full((1, 16), 3, dtype=np.int32)
     inputs = []
@@ -106,8 +108,9 @@ def test_subset_of_outputs(server: Any) -> None:
     assert np.array_equal(result.as_numpy("OUTPUT1"), a - b)
 
 
-def post(server: Any, path: str, body: bytes, headers: dict[str, str] | None = None
-         ) -> tuple[int, dict[str, str], bytes]:
+def post(
+    server: Any, path: str, body: bytes, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
     connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
     connection.request("POST", path, body=body, headers=headers or {})
     response = connection.getresponse()
@@ -132,18 +135,27 @@ def test_json_response_layout(server: Any) -> None:
         "model_name": "simple",
         "model_version": "1",
         "outputs": [
-            {"name": "OUTPUT0", "datatype": "INT32", "shape": [1, 16],
-             "data": [i + 1 for i in range(16)]},
-            {"name": "OUTPUT1", "datatype": "INT32", "shape": [1, 16],
-             "data": [i - 1 for i in range(16)]},
+            {
+                "name": "OUTPUT0",
+                "datatype": "INT32",
+                "shape": [1, 16],
+                "data": [i + 1 for i in range(16)],
+            },
+            {
+                "name": "OUTPUT1",
+                "datatype": "INT32",
+                "shape": [1, 16],
+                "data": [i - 1 for i in range(16)],
+            },
         ],
     }
 
 
 def test_binary_data_output_parameter_and_raw_wire(server: Any) -> None:
     document = {**SIMPLE_JSON, "parameters": {"binary_data_output": True}}
-    status, headers, body = post(server, "/v2/models/simple/versions/1/infer",
-                                 orjson.dumps(document))
+    status, headers, body = post(
+        server, "/v2/models/simple/versions/1/infer", orjson.dumps(document)
+    )
     assert status == 200
     assert headers["content-type"] == "application/octet-stream"
     json_size = int(headers["inference-header-content-length"])
@@ -156,13 +168,23 @@ def test_binary_data_output_parameter_and_raw_wire(server: Any) -> None:
 def test_binary_request_on_the_wire_with_bytes_framing(server: Any) -> None:
     items = [b"ab", b"", b"xyz"]
     blob = b"".join(struct.pack("<I", len(i)) + i for i in items)
-    header = orjson.dumps({
-        "inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [1, 3],
-                    "parameters": {"binary_data_size": len(blob)}}],
-        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
-    })
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "datatype": "BYTES",
+                    "shape": [1, 3],
+                    "parameters": {"binary_data_size": len(blob)},
+                }
+            ],
+            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+        }
+    )
     status, headers, body = post(
-        server, "/v2/models/identity_bytes/infer", header + blob,
+        server,
+        "/v2/models/identity_bytes/infer",
+        header + blob,
         {"Inference-Header-Content-Length": str(len(header))},
     )
     assert status == 200
@@ -175,7 +197,9 @@ def test_compressed_request_and_response(server: Any, encoding: str) -> None:
     raw = orjson.dumps(SIMPLE_JSON)
     compressed = gzip.compress(raw) if encoding == "gzip" else zlib.compress(raw)
     status, headers, body = post(
-        server, "/v2/models/simple/infer", compressed,
+        server,
+        "/v2/models/simple/infer",
+        compressed,
         {"Content-Encoding": encoding, "Accept-Encoding": encoding},
     )
     assert status == 200
@@ -187,8 +211,12 @@ def test_compressed_request_and_response(server: Any, encoding: str) -> None:
 def test_tritonclient_compression(server: Any) -> None:
     client = httpclient.InferenceServerClient(server.http_url)
     inputs, a, b = simple_inputs()
-    result = client.infer("simple", inputs, request_compression_algorithm="gzip",
-                          response_compression_algorithm="deflate")
+    result = client.infer(
+        "simple",
+        inputs,
+        request_compression_algorithm="gzip",
+        response_compression_algorithm="deflate",
+    )
     assert np.array_equal(result.as_numpy("OUTPUT0"), a + b)
 
 
@@ -196,6 +224,7 @@ def test_asyncio_client_concurrent_requests(server: Any) -> None:
     async def run() -> list[np.ndarray]:
         client = aiohttpclient.InferenceServerClient(server.http_url)
         try:
+
             async def one(i: int) -> np.ndarray:
                 data = np.full((1, 16), i, dtype=np.int32)
                 inputs = []
