@@ -58,9 +58,9 @@ def configure(settings: LogSettings) -> None:
     else:
         level = logging.CRITICAL + 1
     root.setLevel(level)
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-        handler.close()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+        old.close()
     handler: logging.Handler
     handler = (
         logging.FileHandler(settings.file) if settings.file else logging.StreamHandler(sys.stderr)

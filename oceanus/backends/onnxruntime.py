@@ -192,6 +192,10 @@ class OnnxRuntimeBackend(Backend):
             level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         )
         options.log_severity_level = 3
+        # Spinning worker threads would burn the cores the event loop and the other instances
+        # need; they sleep instead (measured in bench/README.md).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
         providers: list[Any] = ["CPUExecutionProvider"]
         if spec.kind == "GPU":
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": spec.device_id}))

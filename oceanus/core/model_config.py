@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import re
 from pathlib import Path
+from typing import Any
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
@@ -69,7 +70,7 @@ def _suggestion(message: str) -> str:
     return f' (did you mean "{close[0]}"?)' if close else ""
 
 
-def _find_nested(type_name: str):  # type: ignore[no-untyped-def]
+def _find_nested(type_name: str) -> Any:
     stack = list(mc.DESCRIPTOR.message_types_by_name.values())
     while stack:
         descriptor = stack.pop()

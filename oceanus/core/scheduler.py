@@ -18,6 +18,7 @@ Semantics follow Triton's dynamic batcher (server docs/user_guide/batcher.md):
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -145,7 +146,7 @@ class Scheduler:
         self._next_seq += 1
         self._queues[level].append(job)
         self._queued += 1
-        job.future.add_done_callback(lambda _f, job=job: self._forget_if_cancelled(job))
+        job.future.add_done_callback(functools.partial(self._forget_if_cancelled, job))
         self._dispatch()
 
     def _level_of(self, job: Job) -> int:
@@ -156,7 +157,7 @@ class Scheduler:
             return self._default_level
         return priority
 
-    def _forget_if_cancelled(self, job: Job) -> None:
+    def _forget_if_cancelled(self, job: Job, _future: object = None) -> None:
         """A request cancelled while queued (client gone) leaves the queue at once."""
         if job.future.cancelled() and not job.started_ns:
             self._drop_cancelled()

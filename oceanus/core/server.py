@@ -55,7 +55,7 @@ class ModelEntry:
 
 def _gpu_count() -> int:
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
 
         pynvml.nvmlInit()
         return int(pynvml.nvmlDeviceGetCount())
