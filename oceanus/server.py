@@ -58,6 +58,9 @@ class Server:
                 autocomplete=settings.autocomplete,
                 strict_readiness=settings.strict_readiness,
                 load_threads=settings.model_load_thread_count or 1,
+                control_mode=settings.model_control_mode,
+                startup_models=settings.load_models,
+                poll_seconds=max(settings.repository_poll_secs, 1),
                 extensions=list(HTTP_EXTENSIONS),
             )
         )
@@ -77,6 +80,7 @@ class Server:
                 await self._start_http(core)
             await self._stop.wait()
             log.info("stopping: waiting for in-flight requests")
+            core.stop_accepting()
         finally:
             await self._stop_http()
             await self._stop_grpc()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +152,20 @@ class ModelVersion:
             self.scheduler.close()
             self.scheduler.stop_workers()
         self.state = ModelState.UNAVAILABLE
+
+
+@dataclass
+class ModelEntry:
+    """A model folder and what became of it: its versions, or why it failed."""
+
+    name: str
+    folder: Path
+    config: mc.ModelConfig | None = None
+    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    error: str = ""
+
+    def highest_ready(self) -> ModelVersion | None:
+        for version in sorted(self.versions, reverse=True):
+            if self.versions[version].ready:
+                return self.versions[version]
+        return None

@@ -105,10 +105,19 @@ class LoadedModel:
 
 
 def prepare_config(
-    model_dir: Path, autocomplete: bool, gpu_count: int
+    model_dir: Path,
+    autocomplete: bool,
+    gpu_count: int,
+    override: mc.ModelConfig | None = None,
 ) -> tuple[mc.ModelConfig, Backend, dict[int, Path]]:
-    """Read, complete, validate and normalize a model's config (blocking)."""
-    config = read_config(model_dir, autocomplete)
+    """Read (or take the override of), complete, validate and normalize a model's config."""
+    if override is not None:
+        config = mc.ModelConfig()
+        config.CopyFrom(override)
+        if not config.name:
+            config.name = model_dir.name
+    else:
+        config = read_config(model_dir, autocomplete)
     model_config.validate_name(config, model_dir.name)
     model_config.resolve_backend(config)
     backend = get_backend(config.backend or config.platform)

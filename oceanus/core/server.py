@@ -17,8 +17,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from oceanus import __version__
 from oceanus.core import repository
 from oceanus.core.errors import InferenceServerError, invalid_arg, not_found, unavailable
-from oceanus.core.instance import InstanceWorker
-from oceanus.core.model import ModelState, ModelVersion
+from oceanus.core.model import ModelEntry, ModelState, ModelVersion
+from oceanus.core.model_manager import ModelManager
 from oceanus.core.types import InferRequest, InferResponse
 
 log = logging.getLogger("oceanus.core")
@@ -32,25 +32,11 @@ class CoreOptions:
     autocomplete: bool = True
     strict_readiness: bool = True
     load_threads: int = 4
+    control_mode: str = "none"  # none | poll | explicit
+    startup_models: list[str] = field(default_factory=list)  # explicit mode; "*" = all
+    poll_seconds: float = 15.0
     # Extensions the running frontends really implement, listed by server metadata.
     extensions: list[str] = field(default_factory=list)
-
-
-@dataclass
-class ModelEntry:
-    """A model folder and what became of it: its versions, or why it failed."""
-
-    name: str
-    folder: Path
-    config: mc.ModelConfig | None = None
-    versions: dict[int, ModelVersion] = field(default_factory=dict)
-    error: str = ""
-
-    def highest_ready(self) -> ModelVersion | None:
-        for version in sorted(self.versions, reverse=True):
-            if self.versions[version].ready:
-                return self.versions[version]
-        return None
 
 
 def _gpu_count() -> int:
@@ -67,65 +53,56 @@ class ServerCore:
     def __init__(self, options: CoreOptions) -> None:
         self.options = options
         self.models: dict[str, ModelEntry] = {}
-        self._gpu_count = _gpu_count()
         self._executor = ThreadPoolExecutor(
             max_workers=max(1, options.load_threads), thread_name_prefix="oceanus-load"
         )
+        self.manager = ModelManager(
+            options.repositories,
+            self.models,
+            self._run_blocking,
+            options.autocomplete,
+            _gpu_count(),
+        )
         self.live = False
         self._shutting_down = False
+        self._poller: asyncio.Task[None] | None = None
 
     # ---- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Scan the repositories and load every model (several at a time, off the loop)."""
-        folders = await self._run_blocking(repository.scan, self.options.repositories)
+        """Load the models the control mode asks for (several at a time, off the loop)."""
+        options = self.options
+        folders = await self._run_blocking(repository.scan, options.repositories)
+        if options.control_mode == "explicit":
+            wanted = list(folders) if "*" in options.startup_models else options.startup_models
+        else:
+            wanted = list(folders)
         self.live = True
-        await asyncio.gather(*(self.load_model(name, folder) for name, folder in folders.items()))
+        await asyncio.gather(*(self._load_at_start(name) for name in wanted))
+        if options.control_mode == "poll":
+            self._poller = asyncio.create_task(self.manager.poll_forever(options.poll_seconds))
 
-    async def load_model(self, name: str, folder: Path) -> ModelEntry:
-        entry = self.models.setdefault(name, ModelEntry(name, folder))
-        loop = asyncio.get_running_loop()
+    async def _load_at_start(self, name: str) -> None:
         try:
-            config, backend, versions = await self._run_blocking(
-                repository.prepare_config, folder, self.options.autocomplete, self._gpu_count
-            )
+            await self.manager.load(name)
         except InferenceServerError as exc:
-            entry.error = exc.message
-            log.error("failed to load '%s': %s", name, exc.message)
-            return entry
-        entry.config = config
-        if not versions:
-            entry.error = (
-                f"at least one version must be available under the version policy of model '{name}'"
-            )
-            log.error("failed to load '%s': %s", name, entry.error)
-        pending = {v: ModelVersion(name, v, config, path) for v, path in versions.items()}
-        entry.versions.update(pending)
-        results = await asyncio.gather(
-            *(
-                self._run_blocking(
-                    repository.load_version, config, backend, v, path, self._gpu_count
-                )
-                for v, path in versions.items()
-            )
-        )
-        batched = config.max_batch_size > 0
-        for loaded in results:
-            version = pending[loaded.version]
-            version.load_duration_s = loaded.load_seconds
-            if loaded.error is not None:
-                version.state = ModelState.UNAVAILABLE
-                version.reason = loaded.error.message
-                log.error(
-                    "failed to load '%s' version %d: %s", name, loaded.version, loaded.error.message
-                )
-                continue
-            workers = [
-                InstanceWorker(spec, instance, batched, loop) for spec, instance in loaded.instances
-            ]
-            version.start(workers)
-            log.info("successfully loaded '%s' version %d", name, loaded.version)
-        return entry
+            if name not in self.models:  # not even a folder: remember why for the index
+                self.models[name] = ModelEntry(name, Path(), error=exc.message)
+
+    async def load_model(
+        self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None
+    ) -> None:
+        """The repository extension's load: only in explicit mode, as in Triton."""
+        self._require_explicit()
+        await self.manager.load(name, config_json, files)
+
+    async def unload_model(self, name: str) -> None:
+        self._require_explicit()
+        await self.manager.unload(name)
+
+    def _require_explicit(self) -> None:
+        if self.options.control_mode != "explicit":
+            raise unavailable("explicit model load / unload is not allowed if polling is enabled")
 
     async def _run_blocking(self, func: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, func, *args)
@@ -141,14 +118,16 @@ class ServerCore:
                     failures.append((entry.name, version.reason))
         return failures
 
-    async def shutdown(self) -> None:
+    def stop_accepting(self) -> None:
+        """Shutdown begins: health turns not-ready and new inference requests are refused."""
         self._shutting_down = True
-        versions = [v for e in self.models.values() for v in e.versions.values()]
-        for version in versions:
-            if version.scheduler is not None:
-                version.scheduler.close()
-        for version in versions:
-            await self._run_blocking(version.stop)
+
+    async def shutdown(self) -> None:
+        """Let queued and running requests finish, then unload everything."""
+        self._shutting_down = True
+        if self._poller is not None:
+            self._poller.cancel()
+        await self.manager.unload_all()
         self._executor.shutdown(wait=False)
 
     # ---- health and metadata ----------------------------------------------------------------
@@ -240,23 +219,27 @@ class ServerCore:
         return [v.stats.as_dict(v.name, v.version_str) for v in chosen]
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """Triton's index: every model folder, with each known version's state (and reason)."""
         index: list[dict[str, Any]] = []
-        for entry in sorted(self.models.values(), key=lambda e: e.name):
+        try:
+            names = set(repository.scan(self.options.repositories))  # a few listdir calls
+        except InferenceServerError:
+            names = set()
+        for name in sorted(names | set(self.models)):
+            entry = self.models.get(name)
+            if entry is None or (not entry.versions and not entry.error):
+                if not ready_only:
+                    index.append({"name": name})
+                continue
             if entry.error and not entry.versions:
                 if not ready_only:
-                    index.append(
-                        {"name": entry.name, "state": "UNAVAILABLE", "reason": entry.error}
-                    )
+                    index.append({"name": name, "state": "UNAVAILABLE", "reason": entry.error})
                 continue
             for number, version in sorted(entry.versions.items()):
                 if ready_only and not version.ready:
                     continue
-                index.append(
-                    {
-                        "name": entry.name,
-                        "version": str(number),
-                        "state": version.state.value,
-                        "reason": version.reason,
-                    }
-                )
+                item = {"name": name, "version": str(number), "state": version.state.value}
+                if version.reason:
+                    item["reason"] = version.reason
+                index.append(item)
         return index

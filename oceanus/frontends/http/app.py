@@ -16,7 +16,8 @@ from typing import Any
 
 import orjson
 
-from oceanus.core.errors import InferenceServerError, invalid_arg, unavailable
+from oceanus.core.errors import InferenceServerError, invalid_arg
+from oceanus.core.model_manager import decode_files
 from oceanus.core.proto_json import message_to_dict
 from oceanus.core.server import ServerCore
 from oceanus.frontends.http import codec
@@ -95,9 +96,20 @@ class HttpFrontend:
             return await _send_json(send, self.core.repository_index(ready_only))
         if len(parts) == 3 and parts[0] == "models" and parts[2] in ("load", "unload") and parts[1]:
             _require(method, "POST")
-            await self._read_body(scope, receive)
-            # Only --model-control-mode=none exists so far; Triton answers it so.
-            raise unavailable("explicit model load / unload is not allowed if polling is enabled")
+            body = await self._read_body(scope, receive)
+            document = codec.parse_json(body) if body.strip() else {}
+            parameters = document.get("parameters") if isinstance(document, dict) else None
+            parameters = parameters if isinstance(parameters, dict) else {}
+            name = parts[1]
+            if parts[2] == "load":
+                config = parameters.get("config")
+                if config is not None and not isinstance(config, str):
+                    raise invalid_arg("the 'config' parameter must be a string holding JSON")
+                files = decode_files(name, parameters)
+                await self.core.load_model(name, config, files or None)
+            else:
+                await self.core.unload_model(name)
+            return await _send_empty(send, 200)
         raise HttpError(404, "Not Found")
 
     async def _models(
