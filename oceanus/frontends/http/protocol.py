@@ -1,0 +1,246 @@
+"""A minimal HTTP/1.1 server protocol on httptools, for the inference hot path.
+
+Why not uvicorn: under perf_analyzer load on 2 cores, uvicorn's per-request task, middleware and
+two socket writes per response (headers, then body) took about a third of the event loop's time
+(profile in bench/README.md). This protocol parses with the same httptools parser, hands the
+frontend a complete request, and writes each response with one `transport.write`. Requests whose
+answer is not immediate (inference) complete through a future callback, with no task per request;
+when the client disconnects, that future is cancelled, which drops a queued request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httptools
+
+log = logging.getLogger("oceanus.http")
+
+Headers = list[tuple[bytes, bytes]]
+
+_REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+@dataclass(slots=True)
+class HttpRequest:
+    method: str
+    path: str
+    headers: dict[bytes, bytes]  # lower-case names; the last value of a repeated header wins
+    body: bytes = b""
+    too_large: bool = False
+
+
+@dataclass(slots=True)
+class HttpResponse:
+    status: int
+    body: bytes | memoryview = b""
+    headers: Headers = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Pending:
+    """An answer that comes later: `finish` turns the future's outcome into the response."""
+
+    future: asyncio.Future[Any]
+    finish: Callable[[asyncio.Future[Any]], HttpResponse]
+
+
+Handler = Callable[[HttpRequest], "HttpResponse | Pending"]
+
+
+def encode_response(response: HttpResponse, keep_alive: bool) -> bytes:
+    status = response.status
+    parts: list[bytes | memoryview] = [
+        b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown"))
+    ]
+    for name, value in response.headers:
+        parts.append(b"%s: %s\r\n" % (name, value))
+    parts.append(b"content-length: %d\r\n" % len(response.body))
+    if not keep_alive:
+        parts.append(b"connection: close\r\n")
+    parts.append(b"\r\n")
+    parts.append(response.body)
+    return b"".join(parts)
+
+
+class HttpProtocol(asyncio.Protocol):
+    """One client connection. Requests on it are answered in order (HTTP/1.1 pipelining)."""
+
+    def __init__(self, handler: Handler, max_body: int, connections: set[HttpProtocol]) -> None:
+        self._handler = handler
+        self._max_body = max_body
+        self._connections = connections
+        self._parser = httptools.HttpRequestParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._url = b""
+        self._headers: dict[bytes, bytes] = {}
+        self._body: list[bytes] = []
+        self._body_size = 0
+        self._too_large = False
+        self._waiting: deque[tuple[HttpRequest, bool]] = deque()
+        self._current: Pending | None = None
+        self._closing = False
+
+    # ---- asyncio.Protocol -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        self._connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connections.discard(self)
+        self._closing = True
+        self._waiting.clear()
+        if self._current is not None and not self._current.future.done():
+            self._current.future.cancel()  # a queued request leaves its queue
+        self._current = None
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._reply_and_close(HttpResponse(400, b'{"error":"Upgrade is not supported"}'))
+        except httptools.HttpParserError:
+            self._reply_and_close(HttpResponse(400, b'{"error":"Bad Request"}'))
+
+    @property
+    def idle(self) -> bool:
+        return self._current is None and not self._waiting
+
+    def close(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+
+    # ---- httptools callbacks ----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._headers = {}
+        self._body = []
+        self._body_size = 0
+        self._too_large = False
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers[name.lower()] = value
+
+    def on_headers_complete(self) -> None:
+        length = self._headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self._max_body:
+            self._too_large = True
+        elif self._headers.get(b"expect", b"").lower() == b"100-continue":
+            assert self._transport is not None
+            self._transport.write(_CONTINUE)
+
+    def on_body(self, body: bytes) -> None:
+        if self._too_large:
+            return
+        self._body_size += len(body)
+        if self._body_size > self._max_body:
+            self._too_large = True
+            self._body = []
+            return
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        path = self._url.split(b"?", 1)[0].decode("latin-1")
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        request = HttpRequest(
+            self._parser.get_method().decode("latin-1"),
+            path,
+            self._headers,
+            body,
+            self._too_large,
+        )
+        keep_alive = self._parser.should_keep_alive() and not self._too_large
+        if self._current is not None or self._waiting:
+            self._waiting.append((request, keep_alive))
+            return
+        self._serve(request, keep_alive)
+
+    # ---- answering --------------------------------------------------------------------------
+
+    def _serve(self, request: HttpRequest, keep_alive: bool) -> None:
+        try:
+            outcome = self._handler(request)
+        except Exception:  # the handler answers its own errors; this is a bug
+            log.exception("unhandled error serving %s %s", request.method, request.path)
+            outcome = HttpResponse(500, b'{"error":"internal error"}')
+        if isinstance(outcome, HttpResponse):
+            self._write(outcome, keep_alive)
+            return
+        self._current = outcome
+        outcome.future.add_done_callback(
+            lambda future: self._finish(outcome, future, keep_alive)
+        )
+
+    def _finish(self, pending: Pending, future: asyncio.Future[Any], keep_alive: bool) -> None:
+        if self._closing or self._current is not pending:
+            return
+        self._current = None
+        try:
+            response = pending.finish(future)
+        except Exception:
+            log.exception("unhandled error finishing a response")
+            response = HttpResponse(500, b'{"error":"internal error"}')
+        self._write(response, keep_alive)
+
+    def _write(self, response: HttpResponse, keep_alive: bool) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        transport.write(encode_response(response, keep_alive))
+        if not keep_alive:
+            transport.close()
+            self._closing = True
+            return
+        if self._waiting:
+            request, next_keep_alive = self._waiting.popleft()
+            self._serve(request, next_keep_alive)
+
+    def _reply_and_close(self, response: HttpResponse) -> None:
+        response.headers.append((b"content-type", b"application/json"))
+        self._write(response, keep_alive=False)
+
+
+class HttpServer:
+    """Listens, tracks connections, and on shutdown waits for in-flight requests."""
+
+    def __init__(self, handler: Handler, max_body: int) -> None:
+        self._handler = handler
+        self._max_body = max_body
+        self._connections: set[HttpProtocol] = set()
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: HttpProtocol(self._handler, self._max_body, self._connections),
+            host=host,
+            port=port,
+            reuse_address=True,
+            backlog=2048,
+        )
+
+    async def stop(self, timeout_s: float) -> None:
+        """Stop accepting, let in-flight requests finish (up to timeout_s), close the rest."""
+        if self._server is not None:
+            self._server.close()
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while any(not c.idle for c in self._connections):
+            if asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.01)
+        for connection in list(self._connections):
+            connection.close()
+        if self._server is not None:
+            await self._server.wait_closed()
