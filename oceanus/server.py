@@ -7,12 +7,11 @@ import logging
 import signal
 from pathlib import Path
 
-import uvicorn
-
 from oceanus.core.model import ModelState
 from oceanus.core.server import CoreOptions, ServerCore
 from oceanus.frontends.grpc.server import GrpcFrontend, GrpcOptions
 from oceanus.frontends.http.app import HttpFrontend
+from oceanus.frontends.http.protocol import HttpServer
 from oceanus.logs import configure, table
 from oceanus.settings import Settings
 
@@ -36,8 +35,7 @@ class Server:
         self.settings = settings
         self.core: ServerCore | None = None
         self._stop = asyncio.Event()
-        self._http: uvicorn.Server | None = None
-        self._http_loop: asyncio.Task[None] | None = None
+        self._http: HttpServer | None = None
         self._grpc: GrpcFrontend | None = None
 
     def request_stop(self) -> None:
@@ -102,35 +100,21 @@ class Server:
 
     async def _start_http(self, core: ServerCore) -> None:
         settings = self.settings
-        config = uvicorn.Config(
-            HttpFrontend(core, settings.http_max_input_size),
-            host=settings.http_address,
-            port=settings.http_port,
-            loop="none",
-            http="httptools",
-            lifespan="off",
-            access_log=False,
-            log_level="warning",
-            timeout_graceful_shutdown=settings.exit_timeout_secs,
-            server_header=False,
-        )
-        self._http = uvicorn.Server(config)
-        # What uvicorn's serve() does before startup(); we own signals and the main loop.
-        config.load()
-        self._http.lifespan = config.lifespan_class(config)
-        await self._http.startup()
-        if self._http.should_exit:
-            raise SystemExit(f"failed to start HTTP service on {settings.http_address}:{settings.http_port}")
-        self._http_loop = asyncio.create_task(self._http.main_loop())
+        frontend = HttpFrontend(core, settings.http_max_input_size)
+        self._http = HttpServer(frontend.handle, settings.http_max_input_size)
+        try:
+            await self._http.start(settings.http_address, settings.http_port)
+        except OSError as exc:
+            raise SystemExit(
+                f"failed to start HTTP service on {settings.http_address}:{settings.http_port}: "
+                f"{exc.strerror}"
+            ) from None
         log.info("Started HTTPService at %s:%d", settings.http_address, settings.http_port)
 
     async def _stop_http(self) -> None:
-        if self._http is None:
-            return
-        self._http.should_exit = True
-        if self._http_loop is not None:
-            await self._http_loop
-        await self._http.shutdown()
+        if self._http is not None:
+            await self._http.stop(self.settings.exit_timeout_secs)
+
 
 
     async def _start_grpc(self, core: ServerCore) -> None:
