@@ -131,8 +131,7 @@ def check_version(version: str) -> None:
         )
     if int(version) < 0:
         raise invalid_arg(
-            f"invalid model version specified '{version}' , version should be an integral "
-            "value > 0"
+            f"invalid model version specified '{version}' , version should be an integral value > 0"
         )
 
 
@@ -154,9 +153,7 @@ def _request_parameters(parameters: Any) -> dict[str, Any]:
                 )
         elif key in ("sequence_start", "sequence_end"):
             if kind != "bool_param":
-                raise invalid_arg(
-                    f"invalid value type for '{key}' parameter, expected bool_param."
-                )
+                raise invalid_arg(f"invalid value type for '{key}' parameter, expected bool_param.")
         elif key == "priority":
             if kind == "int64_param":
                 if parameter.int64_param < 0:
@@ -179,9 +176,7 @@ def _request_parameters(parameters: Any) -> dict[str, Any]:
                     + " ".join(TRITON_RESERVED_PARAMS)
                 )
             if kind != "bool_param":
-                raise invalid_arg(
-                    f"invalid value type for '{key}' parameter, expected bool_param."
-                )
+                raise invalid_arg(f"invalid value type for '{key}' parameter, expected bool_param.")
         elif kind not in ("int64_param", "bool_param", "string_param", "double_param"):
             raise invalid_arg(
                 f"invalid value type for '{key}' parameter, expected int64_param, bool_param, "
@@ -277,7 +272,7 @@ def decode_infer_request(
         name = io.name
         datatype = datatypes.from_name(io.datatype)
         if datatype is None:
-            raise invalid_arg(f"invalid datatype '{io.datatype}' for input '{name}'")
+            raise invalid_arg(f"invalid datatype for input {name}")
         shape = tuple(io.shape)
         for dim in shape:
             if dim < 0:
@@ -291,7 +286,7 @@ def decode_infer_request(
                 )
             data = _from_contents(io.contents, name, model_name, datatype)
         elif index < len(raw):
-            data = array_from_bytes(name, datatype, raw[index])
+            data = array_from_bytes(name, datatype, raw[index], shape, model_name, request.id)
             index += 1
         else:
             raise invalid_arg(
@@ -301,7 +296,9 @@ def decode_infer_request(
         inputs.append(Tensor(name, io.datatype, shape, data, parameters))
     if message.outputs:
         request.outputs = [
-            RequestedOutput(o.name, _tensor_parameters(o.parameters, o.name) if o.parameters else {})
+            RequestedOutput(
+                o.name, _tensor_parameters(o.parameters, o.name) if o.parameters else {}
+            )
             for o in message.outputs
         ]
     return request
@@ -315,6 +312,9 @@ def decode(data: bytes) -> InferRequest:
 # ---- responses ------------------------------------------------------------------------------
 
 _CACHE_LIMIT = 4096
+# Outputs smaller than this are copied out with one tobytes() call; larger ones are joined from
+# a view of the array (one copy fewer).
+SMALL_OUTPUT = 64 * 1024
 _header_cache: dict[tuple[str, str], bytes] = {}
 _output_cache: dict[tuple[str, str, tuple[int, ...]], bytes] = {}
 
@@ -383,7 +383,11 @@ def _response_parts(response: InferResponse, extra: bytes = b"") -> list[Any]:
     chunks: list[Any] = []
     for tensor in response.outputs:
         parts.append(_output_entry(tensor.name, tensor.datatype, tensor.shape))
-        chunk = array_to_bytes(tensor.data, tensor.datatype)
+        data = tensor.data
+        if data.nbytes < SMALL_OUTPUT and data.dtype.kind != "O":
+            chunk: Any = data.tobytes()  # one call beats a view for small tensors
+        else:
+            chunk = array_to_bytes(data, tensor.datatype)
         chunks.append(_RAW_OUTPUT_TAG)
         chunks.append(_varint(len(chunk)))
         chunks.append(chunk)

@@ -1,4 +1,4 @@
-"""Core error codes -> gRPC status codes, mapped once for the gRPC frontend (as Triton maps them)."""
+"""Core error codes -> gRPC status codes, mapped once for the gRPC frontend as Triton maps them."""
 
 from __future__ import annotations
 

@@ -27,9 +27,7 @@ def parse_restricted_protocol(
 ) -> dict[str, tuple[str, str]]:
     """Add one flag value to `restrictions` (category -> (header, value)); ValueError if bad."""
     restrictions = {} if restrictions is None else restrictions
-    error = (
-        "--grpc-restricted-protocol option format is '<protocols>:<key>=<value>'. Got " + text
-    )
+    error = "--grpc-restricted-protocol option format is '<protocols>:<key>=<value>'. Got " + text
     colon = text.find(":")
     equals = text.find("=", colon + 1) if colon >= 0 else -1
     if colon < 0 or equals < 0:

@@ -3,21 +3,28 @@
 Every RPC calls the same core methods the HTTP frontend calls; this module only turns protobuf
 messages into those calls and back, and core errors into gRPC statuses (errors.py). Features that
 Oceanus does not have answer as Triton answers when that feature is off: client shared memory is
-disabled, tracing and dynamic logging are not built in, and explicit model control is off.
+disabled, and tracing and dynamic logging are not built in.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
-from oceanus.core.errors import InferenceServerError, not_found, unavailable, unsupported
+from oceanus.core.errors import (
+    InferenceServerError,
+    invalid_arg,
+    not_found,
+    unavailable,
+    unsupported,
+)
 from oceanus.core.server import ServerCore
 from oceanus.frontends.grpc import codec, health
 from oceanus.frontends.grpc.errors import grpc_status
@@ -32,10 +39,10 @@ CLIENT_SHM_DISABLED = (
 )
 NO_TRACE = "the server does not support trace"
 NO_LOGGING = "the server does not support dynamic logging"
-NO_MODEL_CONTROL = "explicit model load / unload is not allowed if polling is enabled"
 NO_REPOSITORY_NAME = "'repository_name' specification is not supported"
 
-Context = grpc.aio.ServicerContext
+# grpc.aio.ServicerContext (grpcio ships no type information)
+Context: TypeAlias = Any
 Unary = Callable[[Any, Context], Awaitable[Any]]
 
 
@@ -48,10 +55,13 @@ def _failure(exc: Exception, what: str) -> tuple[grpc.StatusCode, str]:
 
 
 def _unary(name: str, body: Callable[[Any], Any]) -> Unary:
-    """An RPC handler around a plain function of the request, mapping its errors."""
+    """An RPC handler around a function of the request (plain or async), mapping its errors."""
+    is_async = inspect.iscoroutinefunction(body)
 
     async def handler(request: Any, context: Context) -> Any:
         try:
+            if is_async:
+                return await body(request)
             return body(request)
         except Exception as exc:
             code, message = _failure(exc, name)
@@ -104,9 +114,7 @@ class GrpcService:
         response.config.CopyFrom(self.core.model_config(request.name, request.version))
         return response
 
-    def model_statistics(
-        self, request: pb.ModelStatisticsRequest
-    ) -> pb.ModelStatisticsResponse:
+    def model_statistics(self, request: pb.ModelStatisticsRequest) -> pb.ModelStatisticsResponse:
         codec.check_version(request.version)
         stats = self.core.statistics(request.name, request.version)
         return json_format.ParseDict(
@@ -123,19 +131,44 @@ class GrpcService:
             {"models": index}, pb.RepositoryIndexResponse(), ignore_unknown_fields=True
         )
 
-    def repository_model_load(
+    async def repository_model_load(
         self, request: pb.RepositoryModelLoadRequest
     ) -> pb.RepositoryModelLoadResponse:
         if request.repository_name:
             raise unsupported(NO_REPOSITORY_NAME)
-        raise unavailable(NO_MODEL_CONTROL)
+        config: str | None = None
+        files: dict[str, bytes] = {}
+        for key, parameter in request.parameters.items():
+            kind = parameter.WhichOneof("parameter_choice")
+            if key == "config":
+                if kind != "string_param":
+                    raise invalid_arg(
+                        f"invalid value type for load parameter '{key}', expected string_param."
+                    )
+                config = parameter.string_param
+            elif key.startswith("file:"):
+                if kind != "bytes_param":
+                    raise invalid_arg(
+                        f"invalid value type for load parameter '{key}', expected bytes_param."
+                    )
+                files[key[len("file:") :]] = parameter.bytes_param
+            else:
+                raise invalid_arg(f"unrecognized load parameter '{key}'.")
+        await self.core.load_model(request.model_name, config, files or None)
+        return pb.RepositoryModelLoadResponse()
 
-    def repository_model_unload(
+    async def repository_model_unload(
         self, request: pb.RepositoryModelUnloadRequest
     ) -> pb.RepositoryModelUnloadResponse:
         if request.repository_name:
             raise unsupported(NO_REPOSITORY_NAME)
-        raise unavailable(NO_MODEL_CONTROL)
+        dependents = request.parameters.get("unload_dependents")
+        if dependents is not None and dependents.WhichOneof("parameter_choice") != "bool_param":
+            raise invalid_arg(
+                "invalid value type for 'unload_dependents' parameter, expected bool_param."
+            )
+        await self.core.unload_model(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
 
     # ---- shared memory (client shared memory is off, as by Triton's default) ------------------
 
@@ -180,9 +213,7 @@ class GrpcService:
         await context.abort(code, message)
         raise AssertionError("unreachable")  # abort raises
 
-    async def model_stream_infer(
-        self, requests: AsyncIterator[bytes], context: Context
-    ) -> None:
+    async def model_stream_infer(self, requests: AsyncIterator[bytes], context: Context) -> None:
         """ModelStreamInfer: any number of requests; each response (or error) is written as soon
         as it is ready, carrying its request's id. Errors never end the stream."""
         outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
@@ -258,24 +289,60 @@ class GrpcService:
             ("ModelMetadata", "metadata", self.model_metadata, pb.ModelMetadataRequest),
             ("ModelConfig", "model-config", self.model_config, pb.ModelConfigRequest),
             ("ModelStatistics", "statistics", self.model_statistics, pb.ModelStatisticsRequest),
-            ("RepositoryIndex", "model-repository", self.repository_index,
-             pb.RepositoryIndexRequest),
-            ("RepositoryModelLoad", "model-repository", self.repository_model_load,
-             pb.RepositoryModelLoadRequest),
-            ("RepositoryModelUnload", "model-repository", self.repository_model_unload,
-             pb.RepositoryModelUnloadRequest),
-            ("SystemSharedMemoryStatus", "shared-memory", self.system_shm_status,
-             pb.SystemSharedMemoryStatusRequest),
-            ("SystemSharedMemoryRegister", "shared-memory", self.shm_disabled,
-             pb.SystemSharedMemoryRegisterRequest),
-            ("SystemSharedMemoryUnregister", "shared-memory", self.shm_disabled,
-             pb.SystemSharedMemoryUnregisterRequest),
-            ("CudaSharedMemoryStatus", "shared-memory", self.cuda_shm_status,
-             pb.CudaSharedMemoryStatusRequest),
-            ("CudaSharedMemoryRegister", "shared-memory", self.shm_disabled,
-             pb.CudaSharedMemoryRegisterRequest),
-            ("CudaSharedMemoryUnregister", "shared-memory", self.shm_disabled,
-             pb.CudaSharedMemoryUnregisterRequest),
+            (
+                "RepositoryIndex",
+                "model-repository",
+                self.repository_index,
+                pb.RepositoryIndexRequest,
+            ),
+            (
+                "RepositoryModelLoad",
+                "model-repository",
+                self.repository_model_load,
+                pb.RepositoryModelLoadRequest,
+            ),
+            (
+                "RepositoryModelUnload",
+                "model-repository",
+                self.repository_model_unload,
+                pb.RepositoryModelUnloadRequest,
+            ),
+            (
+                "SystemSharedMemoryStatus",
+                "shared-memory",
+                self.system_shm_status,
+                pb.SystemSharedMemoryStatusRequest,
+            ),
+            (
+                "SystemSharedMemoryRegister",
+                "shared-memory",
+                self.shm_disabled,
+                pb.SystemSharedMemoryRegisterRequest,
+            ),
+            (
+                "SystemSharedMemoryUnregister",
+                "shared-memory",
+                self.shm_disabled,
+                pb.SystemSharedMemoryUnregisterRequest,
+            ),
+            (
+                "CudaSharedMemoryStatus",
+                "shared-memory",
+                self.cuda_shm_status,
+                pb.CudaSharedMemoryStatusRequest,
+            ),
+            (
+                "CudaSharedMemoryRegister",
+                "shared-memory",
+                self.shm_disabled,
+                pb.CudaSharedMemoryRegisterRequest,
+            ),
+            (
+                "CudaSharedMemoryUnregister",
+                "shared-memory",
+                self.shm_disabled,
+                pb.CudaSharedMemoryUnregisterRequest,
+            ),
             ("TraceSetting", "trace", self.trace_setting, pb.TraceSettingRequest),
             ("LogSettings", "logging", self.log_settings, pb.LogSettingsRequest),
         ]
@@ -307,7 +374,8 @@ class GrpcService:
 
 
 def _serialize(message: Any) -> bytes:
-    return message.SerializeToString()  # type: ignore[no-any-return]
+    data: bytes = message.SerializeToString()
+    return data
 
 
 async def _write_all(outbox: asyncio.Queue[bytes | None], context: Context) -> None:
@@ -316,4 +384,3 @@ async def _write_all(outbox: asyncio.Queue[bytes | None], context: Context) -> N
         if item is None:
             return
         await context.write(item)
-
