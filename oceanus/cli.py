@@ -50,7 +50,6 @@ IGNORED_FLAGS = (
     "--trace-rate",
     "--trace-count",
     "--trace-log-frequency",
-    "--metrics-config",
     "--model-namespacing",
     "--enable-peer-access",
     "--log-mode",
@@ -127,13 +126,26 @@ def build_parser() -> argparse.ArgumentParser:
     add("--metrics-port", type=parse_port, default=8002)
     add("--http-address", default="0.0.0.0")
     add("--grpc-address", default="0.0.0.0")
-    add("--metrics-address", default="0.0.0.0")
+    add(
+        "--metrics-address",
+        default=None,
+        help="default: --http-address when HTTP is served, else 0.0.0.0 (as Triton)",
+    )
     _flag(parser, "--allow-http", True, "serve HTTP/REST")
     _flag(parser, "--allow-grpc", True, "serve gRPC")
     _flag(parser, "--allow-metrics", True, "serve Prometheus metrics")
     _flag(parser, "--allow-gpu-metrics", True, "report GPU metrics")
     _flag(parser, "--allow-cpu-metrics", True, "report CPU metrics")
     add("--metrics-interval-ms", type=parse_nonnegative, default=2000)
+    add(
+        "--metrics-config",
+        dest="metrics_config",
+        action="append",
+        default=[],
+        metavar="<setting>=<value>",
+        help="metrics families: counter_latencies=false, summary_latencies=true, "
+        "histogram_latencies=true, summary_quantiles=<q>:<error>,... (repeatable)",
+    )
     add(
         "--disable-auto-complete-config",
         action="store_true",
@@ -216,6 +228,15 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, list[str]]:
     autocomplete = not args.disable_auto_complete_config
     if args.strict_model_config is not None:
         autocomplete = autocomplete and not args.strict_model_config
+    metrics_config: dict[str, str] = {}
+    for item in args.metrics_config:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--metrics-config expects <setting>=<value>, got '{item}'")
+        metrics_config[key.strip()] = value.strip().strip('"')
+    metrics_address = args.metrics_address
+    if metrics_address is None:
+        metrics_address = args.http_address if args.allow_http else "0.0.0.0"
     ignored = [
         "--" + key[len("ignored_") :].replace("_", "-")
         for key, value in vars(args).items()
@@ -228,7 +249,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, list[str]]:
         metrics_port=args.metrics_port,
         http_address=args.http_address,
         grpc_address=args.grpc_address,
-        metrics_address=args.metrics_address,
+        metrics_address=metrics_address,
+        metrics_config=metrics_config,
         allow_http=args.allow_http,
         allow_grpc=args.allow_grpc,
         allow_metrics=args.allow_metrics,

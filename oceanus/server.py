@@ -12,13 +12,28 @@ from oceanus.core.server import CoreOptions, ServerCore
 from oceanus.frontends.grpc.server import GrpcFrontend, GrpcOptions
 from oceanus.frontends.http.app import HttpFrontend
 from oceanus.frontends.http.protocol import HttpServer
+from oceanus.frontends.metrics import (
+    MetricsFrontend,
+    MetricsOptions,
+    parse_metrics_config,
+)
+from oceanus.frontends.metrics.server import enable_latency_recording
 from oceanus.logs import configure, table
 from oceanus.settings import Settings
 
 log = logging.getLogger("oceanus.server")
 
 # Extensions listed by server metadata: only those really implemented.
-HTTP_EXTENSIONS = ["binary_tensor_data", "statistics", "model_repository"]
+HTTP_EXTENSIONS = [
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "model_configuration",
+    "schedule_policy",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+    "logging",
+]
 
 
 def _repositories(settings: Settings) -> list[Path]:
@@ -37,6 +52,7 @@ class Server:
         self._stop = asyncio.Event()
         self._http: HttpServer | None = None
         self._grpc: GrpcFrontend | None = None
+        self._metrics: MetricsFrontend | None = None
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -62,6 +78,9 @@ class Server:
                 extensions=list(HTTP_EXTENSIONS),
             )
         )
+        if settings.allow_metrics:
+            # Before models load: their statistics then keep any summaries/histograms asked for.
+            enable_latency_recording(parse_metrics_config(settings.metrics_config))
         await core.start()
         self._log_models()
         failures = core.load_failures()
@@ -76,12 +95,15 @@ class Server:
                 await self._start_grpc(core)
             if settings.allow_http:
                 await self._start_http(core)
+            if settings.allow_metrics:
+                await self._start_metrics(core)
             await self._stop.wait()
             log.info("stopping: waiting for in-flight requests")
             core.stop_accepting()
         finally:
             await self._stop_http()
             await self._stop_grpc()
+            await self._stop_metrics()
             await core.shutdown()
         return 0
 
@@ -100,7 +122,7 @@ class Server:
 
     async def _start_http(self, core: ServerCore) -> None:
         settings = self.settings
-        frontend = HttpFrontend(core, settings.http_max_input_size)
+        frontend = HttpFrontend(core, settings.http_max_input_size, settings.log)
         self._http = HttpServer(frontend.handle, settings.http_max_input_size)
         try:
             await self._http.start(settings.http_address, settings.http_port)
@@ -153,6 +175,33 @@ class Server:
             return
         await self._grpc.stop(self.settings.exit_timeout_secs)
         self._grpc = None
+
+
+    async def _start_metrics(self, core: ServerCore) -> None:
+        settings = self.settings
+        self._metrics = MetricsFrontend(
+            core,
+            MetricsOptions(
+                address=settings.metrics_address,
+                port=settings.metrics_port,
+                interval_ms=settings.metrics_interval_ms,
+                allow_cpu=settings.allow_cpu_metrics,
+                allow_gpu=settings.allow_gpu_metrics,
+                config=parse_metrics_config(settings.metrics_config),
+            ),
+        )
+        try:
+            await self._metrics.start()
+        except OSError as exc:
+            self._metrics = None
+            raise SystemExit(str(exc)) from None
+        log.info("Started Metrics Service at %s", self._metrics.endpoint)
+
+    async def _stop_metrics(self) -> None:
+        if self._metrics is None:
+            return
+        await self._metrics.stop()
+        self._metrics = None
 
 
 def _install_uvloop() -> None:

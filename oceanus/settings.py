@@ -22,6 +22,8 @@ class Settings:
     allow_gpu_metrics: bool = True
     allow_cpu_metrics: bool = True
     metrics_interval_ms: int = 2000
+    # --metrics-config <setting>=<value> pairs (frontends/metrics/config.py reads them)
+    metrics_config: dict[str, str] = field(default_factory=dict)
     autocomplete: bool = True
     exit_on_error: bool = True
     strict_readiness: bool = True

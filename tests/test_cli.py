@@ -128,3 +128,24 @@ def test_sigterm_stops_cleanly(model_repository: Path, launch: Any) -> None:
     server = launch([model_repository], ["--allow-grpc=false"])
     assert server.stop() == 0
     assert "Started HTTPService at 127.0.0.1" in server.log()
+
+
+def test_log_verbose_shows_each_request_path(model_repository: Path, launch: Any) -> None:
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    server = launch([model_repository], ["--log-verbose=1", "--allow-grpc=false"])
+    client = httpclient.InferenceServerClient(server.http_url)
+    data = np.ones((1, 16), dtype=np.int32)
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        tensor = httpclient.InferInput(name, [1, 16], "INT32")
+        tensor.set_data_from_numpy(data)
+        inputs.append(tensor)
+    client.infer("simple_dyna", inputs, request_id="traced-1")
+    log = server.log()
+    assert "HTTP infer request 'traced-1' for 'simple_dyna' received" in log
+    assert "request 'traced-1' for 'simple_dyna' queued" in log
+    assert "batch of 1 request(s), 1 row(s) formed for 'simple_dyna' on instance" in log
+    assert "executed a batch of 1 for 'simple_dyna'" in log
+    assert "HTTP infer responded" in log

@@ -15,7 +15,7 @@ from typing import Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.core.errors import InferenceServerError, invalid_arg
+from oceanus.core.errors import InferenceServerError, invalid_arg, unsupported
 
 ModelConfig = mc.ModelConfig
 
@@ -171,6 +171,11 @@ def validate(config: mc.ModelConfig, folder_name: str) -> None:
 
 
 def _validate_tensor(config: mc.ModelConfig, kind: str, tensor: mc.ModelInput) -> None:
+    if getattr(tensor, "allow_ragged_batch", False):
+        raise unsupported(
+            f"model '{config.name}', {kind} '{tensor.name}': allow_ragged_batch is not supported "
+            "by Oceanus yet; requests of different shapes are batched separately without it"
+        )
     if not tensor.name:
         raise invalid_arg(f"model '{config.name}' has an {kind} with no name")
     if tensor.data_type == mc.TYPE_INVALID:

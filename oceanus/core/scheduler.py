@@ -75,6 +75,7 @@ class Scheduler:
         stats: ModelStatistics,
         on_job_done: JobDone,
     ) -> None:
+        self._name = config.name
         self._workers = workers
         self._idle: list[InstanceWorker] = list(reversed(workers))
         self._stats = stats
@@ -146,6 +147,14 @@ class Scheduler:
         self._next_seq += 1
         self._queues[level].append(job)
         self._queued += 1
+        if log.isEnabledFor(logging.DEBUG):  # --log-verbose 1: each request's path
+            log.debug(
+                "request '%s' for '%s' queued at priority %d (%d queued)",
+                job.request.id or "<id_unknown>",
+                self._name,
+                level,
+                self._queued,
+            )
         job.future.add_done_callback(functools.partial(self._forget_if_cancelled, job))
         self._dispatch()
 
@@ -191,6 +200,14 @@ class Scheduler:
                 job.started_ns = now
             self._queued -= len(batch)
             self._executing += len(batch)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "batch of %d request(s), %d row(s) formed for '%s' on instance %s",
+                    len(batch),
+                    sum(job.rows for job in batch),
+                    self._name,
+                    worker.spec.name,
+                )
             worker.submit(batch)
 
     def _ordered(self) -> Iterator[tuple[deque[Job], Job]]:
@@ -292,6 +309,15 @@ class Scheduler:
         now = time.monotonic_ns()
         self._executing -= len(batch)
         self._idle.append(worker)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "instance %s executed a batch of %d for '%s' in %d us%s",
+                worker.spec.name,
+                len(batch),
+                self._name,
+                result.infer_ns // 1000,
+                f" and failed: {result.error.message}" if result.error else "",
+            )
         # A failed execution still counts as one, as in Triton.
         self._stats.record_execution(
             sum(job.rows for job in batch), result.input_ns, result.infer_ns, result.output_ns

@@ -7,8 +7,11 @@ no locks are needed; readers on the same loop see consistent numbers.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from oceanus.core.latency import LatencyRecorder
 
 
 @dataclass(slots=True)
@@ -34,6 +37,20 @@ class BatchStats:
 # Reasons Triton's `nv_inference_request_failure` metric labels failures with.
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
+# Makes the latency distributions (Prometheus summaries/histograms) of each new ModelStatistics;
+# set by the metrics frontend before models load, None (the default) records none.
+_latency_factory: Callable[[], LatencyRecorder] | None = None
+
+
+def set_latency_factory(factory: Callable[[], LatencyRecorder] | None) -> None:
+    """Record latency distributions for model versions created from now on (None: stop)."""
+    global _latency_factory
+    _latency_factory = factory
+
+
+def _new_latency_recorder() -> LatencyRecorder | None:
+    return _latency_factory() if _latency_factory is not None else None
+
 
 @dataclass(slots=True)
 class ModelStatistics:
@@ -52,6 +69,7 @@ class ModelStatistics:
     failures_by_reason: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0)
     )
+    latency: LatencyRecorder | None = field(default_factory=_new_latency_recorder)
 
     def record_success(
         self,
@@ -69,6 +87,8 @@ class ModelStatistics:
         self.compute_output.add(output_ns)
         self.inference_count += rows
         self.last_inference_ms = time.time_ns() // 1_000_000
+        if self.latency is not None:
+            self.latency.observe(request_ns, queue_ns, input_ns, infer_ns, output_ns)
 
     def record_failure(self, request_ns: int, reason: str) -> None:
         self.fail.add(request_ns)

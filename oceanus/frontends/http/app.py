@@ -21,7 +21,9 @@ from oceanus.core.proto_json import message_to_dict
 from oceanus.core.server import ServerCore
 from oceanus.frontends.http import codec
 from oceanus.frontends.http.errors import http_status
+from oceanus.frontends.http.extensions import handle_logging
 from oceanus.frontends.http.protocol import Headers, HttpRequest, HttpResponse, Pending
+from oceanus.logs import LogSettings
 
 log = logging.getLogger("oceanus.http")
 
@@ -61,9 +63,15 @@ def _error_of(exc: BaseException) -> HttpResponse:
 class HttpFrontend:
     """`handle(request)` answers one HTTP request (the protocol's handler)."""
 
-    def __init__(self, core: ServerCore, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> None:
+    def __init__(
+        self,
+        core: ServerCore,
+        max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+        log_settings: LogSettings | None = None,
+    ) -> None:
         self.core = core
         self.max_input_size = max_input_size
+        self.log_settings = log_settings
 
     def handle(self, request: HttpRequest) -> Outcome:
         try:
@@ -90,6 +98,10 @@ class HttpFrontend:
             return HttpResponse(200 if healthy else 400)
         if head == "repository":
             return self._repository(request, parts[1:])
+        if head == "logging" and len(parts) == 1 and self.log_settings is not None:
+            body = self._body(request) if request.method == "POST" else b""
+            status, document = handle_logging(self.log_settings, request.method, body)
+            return json_response(document, status)
         raise HttpError(404, "Not Found")
 
     def _repository(self, request: HttpRequest, parts: list[str]) -> Outcome:
@@ -176,6 +188,8 @@ class HttpFrontend:
         parameters = infer_request.parameters
         binary_default = bool(parameters.get("binary_data_output", False)) if parameters else False
         accept = headers.get(b"accept-encoding", b"")
+        if log.isEnabledFor(logging.DEBUG):  # --log-verbose 1: each request's path
+            log.debug("HTTP infer request '%s' for '%s' received", infer_request.id, name)
         future = self.core.infer(infer_request)
         return Pending(future, _infer_finisher(binary_default, accept))
 
@@ -185,6 +199,8 @@ def _infer_finisher(
 ) -> Callable[[asyncio.Future[Any]], HttpResponse]:
     def finish(future: asyncio.Future[Any]) -> HttpResponse:
         exc = future.exception()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("HTTP infer responded%s", f" with error: {exc}" if exc else "")
         if exc is not None:
             return _error_of(exc)
         payload: bytes | memoryview

@@ -165,3 +165,32 @@ def test_unknown_paths_and_methods(server: Any) -> None:
     status, _, body = raw(server, "GET", "/v2/models/simple/versions/7")
     assert status == 404
     assert "version 7 is not found" in orjson.loads(body)["error"]
+
+
+def test_logging_extension_changes_settings_at_run_time(model_repository: Any, launch: Any) -> None:
+    server = launch([model_repository], ["--allow-grpc=false", "--allow-metrics=false"])
+    status, _, body = raw(server, "GET", "/v2/logging")
+    assert status == 200
+    assert orjson.loads(body) == {
+        "log_file": "",
+        "log_info": True,
+        "log_warning": True,
+        "log_error": True,
+        "log_verbose_level": 0,
+        "log_format": "default",
+    }
+    status, _, body = raw(server, "POST", "/v2/logging", b'{"log_verbose_level": 1}')
+    assert status == 200
+    assert orjson.loads(body)["log_verbose_level"] == 1
+    client = httpclient.InferenceServerClient(server.http_url)
+    assert client.get_log_settings()["log_verbose_level"] == 1
+    client.update_log_settings({"log_verbose_level": 0})
+    assert client.get_log_settings()["log_verbose_level"] == 0
+    assert "logging" in client.get_server_metadata()["extensions"]
+
+
+def test_strict_routing_like_triton(server: Any) -> None:
+    for path in ("/v2/", "/v2/models", "/v2/models/", "/v2/models/simple/", "/v2/health",
+                 "/v2/models/simple/versions/abc", "/v2/models/simple/versions/-1"):
+        status, _, body = raw(server, "GET", path)
+        assert (status, orjson.loads(body)) == (404, {"error": "Not Found"}), path
