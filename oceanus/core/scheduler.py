@@ -18,7 +18,6 @@ Semantics follow Triton's dynamic batcher (server docs/user_guide/batcher.md):
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import time
@@ -155,7 +154,6 @@ class Scheduler:
                 level,
                 self._queued,
             )
-        job.future.add_done_callback(functools.partial(self._forget_if_cancelled, job))
         self._dispatch()
 
     def _level_of(self, job: Job) -> int:
@@ -166,16 +164,11 @@ class Scheduler:
             return self._default_level
         return priority
 
-    def _forget_if_cancelled(self, job: Job, _future: object = None) -> None:
-        """A request cancelled while queued (client gone) leaves the queue at once."""
-        if job.future.cancelled() and not job.started_ns:
-            self._drop_cancelled()
-
     def _drop_cancelled(self) -> None:
         """Remove queued requests whose futures are already done (cancelled by their client).
 
-        Also run before each batch is formed: a cancellation's done-callback may not have run
-        yet when the next batch forms."""
+        Runs before each batch is formed, so a frontend just cancels the future of a client that
+        left: no per-request done-callback, which would cost a loop callback per request."""
         now = time.monotonic_ns()
         for queues in (self._queues, self._delayed):
             for level, queue in enumerate(queues):
