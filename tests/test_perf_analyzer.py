@@ -1,0 +1,63 @@
+"""NVIDIA's perf_analyzer runs cleanly against Oceanus over HTTP and gRPC, server-side columns
+included (it reads /v2 extensions and /v2/models/<m>/stats around each window).
+
+scripts/test.sh installs perf_analyzer from ../shared/perf_analyzer when that folder exists;
+elsewhere these tests skip, saying why."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PA_SCRIPT = Path(__file__).resolve().parents[1].parent / "shared" / "perf_analyzer" / "pa.sh"
+PA_VENV = Path(os.environ.get("PA_VENV", "/tmp/pa-venv"))
+
+pytestmark = pytest.mark.skipif(
+    not PA_SCRIPT.exists() or not (PA_VENV / "bin" / "perf_analyzer").exists(),
+    reason=f"perf_analyzer is not installed ({PA_SCRIPT} / {PA_VENV}/bin/perf_analyzer)",
+)
+
+
+@pytest.fixture(scope="module")
+def pa_server(model_repository: Path, launch_module: Any) -> Any:
+    return launch_module([model_repository], ["--allow-metrics=false"])
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_short_run(pa_server: Any, protocol: str) -> None:
+    url = pa_server.http_url if protocol == "http" else pa_server.grpc_url
+    result = subprocess.run(
+        [
+            "bash",
+            str(PA_SCRIPT),
+            "-m",
+            "simple_dyna",
+            "-u",
+            url,
+            "-i",
+            protocol,
+            "--concurrency-range",
+            "4",
+            "--measurement-mode",
+            "count_windows",
+            "--measurement-request-count",
+            "100",
+            "--stability-percentage",
+            "100",
+            "--max-trials",
+            "3",
+        ],
+        env={**os.environ, "PA_VENV": str(PA_VENV)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Throughput:" in result.stdout
+    # server-side columns come from our /stats
+    assert "Server:" in result.stdout
+    assert "Inference count:" in result.stdout
