@@ -50,8 +50,16 @@ def _tensors(kind: str, dtype: str, dims: str, names: list[str]) -> str:
     return f"{kind} [\n{entries}\n]\n"
 
 
-def _config(name: str, max_batch_size: int, dtype: str, dims: str, inputs: list[str],
-            outputs: list[str], instances: int, dynamic_batching: bool = False) -> str:
+def _config(
+    name: str,
+    max_batch_size: int,
+    dtype: str,
+    dims: str,
+    inputs: list[str],
+    outputs: list[str],
+    instances: int,
+    dynamic_batching: bool = False,
+) -> str:
     text = f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {max_batch_size}\n'
     text += _tensors("input", dtype, dims, inputs) + _tensors("output", dtype, dims, outputs)
     if dynamic_batching:
@@ -61,10 +69,19 @@ def _config(name: str, max_batch_size: int, dtype: str, dims: str, inputs: list[
 
 # Same as Triton's client-example "simple" model; "simple_dyna" adds dynamic batching and a
 # second instance so batching tests have something to batch.
-SIMPLE_CONFIG = _config("simple", 8, "TYPE_INT32", "16", ["INPUT0", "INPUT1"],
-                        ["OUTPUT0", "OUTPUT1"], instances=1)
-SIMPLE_DYNA_CONFIG = _config("simple_dyna", 8, "TYPE_INT32", "16", ["INPUT0", "INPUT1"],
-                             ["OUTPUT0", "OUTPUT1"], instances=2, dynamic_batching=True)
+SIMPLE_CONFIG = _config(
+    "simple", 8, "TYPE_INT32", "16", ["INPUT0", "INPUT1"], ["OUTPUT0", "OUTPUT1"], instances=1
+)
+SIMPLE_DYNA_CONFIG = _config(
+    "simple_dyna",
+    8,
+    "TYPE_INT32",
+    "16",
+    ["INPUT0", "INPUT1"],
+    ["OUTPUT0", "OUTPUT1"],
+    instances=2,
+    dynamic_batching=True,
+)
 
 
 def build_simple() -> onnx.ModelProto:
@@ -110,8 +127,8 @@ _SLOW_WIDTH = 1024
 SLOW_CONFIG = _config("slow_fp32", 64, "TYPE_FP32", "16", ["INPUT0"], ["OUTPUT0"], instances=1)
 
 
-def build_slow() -> onnx.ModelProto:
-    """OUTPUT0 is INPUT0 bit for bit, but only after SLOW_STEPS big MatMuls have run."""
+def build_slow(steps: int = SLOW_STEPS) -> onnx.ModelProto:
+    """OUTPUT0 is INPUT0 bit for bit, but only after `steps` big MatMuls have run."""
     b = GraphBuilder("slow_fp32", seed=16)
     # The heavy chain starts from a scalar computed from the input, so onnxruntime cannot
     # constant-fold it away, and its cost does not depend on the batch size.
@@ -119,7 +136,7 @@ def build_slow() -> onnx.ModelProto:
     h = b.op("Add", [seed, b.normal((_SLOW_ROWS, _SLOW_WIDTH), 1.0, "slow_h0")])
     # One shared weight keeps the file at 4 MB; 1/sqrt(width) keeps the MatMul outputs O(1).
     w = b.normal((_SLOW_WIDTH, _SLOW_WIDTH), 1.0 / np.sqrt(_SLOW_WIDTH), "slow_w")
-    for _ in range(SLOW_STEPS):
+    for _ in range(steps):
         h = b.op("Tanh", [b.op("MatMul", [h, w])])
     # |tanh| <= 1, so the condition is always false (also for NaN) and Where returns INPUT0
     # exactly; "INPUT0 + 0 * heavy" would turn -0.0 into +0.0 and could propagate NaN.

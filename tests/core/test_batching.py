@@ -11,10 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException
+
+from oceanus.examples.small_models import SLOW_STEPS, build_slow
 
 SIMPLE_IO = """
 input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
@@ -73,6 +76,9 @@ async def gather_results(
     """Send requests concurrently; each result is an InferResult or the exception raised."""
     client = aioclient.InferenceServerClient(server.http_url)
     try:
+        # One open connection per request before the clock starts: otherwise connection setup on
+        # a loaded machine can eat the stagger and requests meant to queue arrive together.
+        await asyncio.gather(*(client.is_server_live() for _ in requests))
 
         async def one(index: int, inputs: list[Any]) -> Any:
             await asyncio.sleep(stagger * index)
@@ -92,6 +98,11 @@ def repository(tmp_path_factory: pytest.TempPathFactory, model_repository: Path)
     repo = tmp_path_factory.mktemp("batching")
     simple = model_repository / "simple"
     slow = model_repository / "slow_fp32"
+    # The queue-policy tests need a request to wait behind a running one; slow_fp32's ~30 ms
+    # leaves too small a window on a loaded CI machine, this copy runs ~10x longer.
+    slower = tmp_path_factory.mktemp("slower")
+    (slower / "1").mkdir()
+    onnx.save(build_slow(steps=10 * SLOW_STEPS), str(slower / "1" / "model.onnx"))
     identity = model_repository / "identity_fp32"
     add_model(
         repo,
@@ -123,7 +134,7 @@ dynamic_batching { default_queue_policy { max_queue_size: 1 } }""",
     )
     add_model(
         repo,
-        slow,
+        slower,
         "slow_timeout",
         64,
         SLOW_IO
@@ -133,7 +144,7 @@ dynamic_batching { default_queue_policy { timeout_action: REJECT
     )
     add_model(
         repo,
-        slow,
+        slower,
         "slow_long_timeout",
         64,
         SLOW_IO
@@ -236,7 +247,7 @@ def test_queue_full_is_rejected_with_503(server: Any) -> None:
 
 def test_queue_timeout_rejects_with_503(server: Any) -> None:
     results = asyncio.run(
-        gather_results(server, "slow_timeout", [slow_inputs() for _ in range(4)], stagger=0.01)
+        gather_results(server, "slow_timeout", [slow_inputs() for _ in range(4)], stagger=0.05)
     )
     assert not isinstance(results[0], Exception)
     errors = [r for r in results if isinstance(r, Exception)]
@@ -255,7 +266,7 @@ def test_timeout_override_can_only_shorten_the_timeout(server: Any) -> None:
             "slow_long_timeout",
             [slow_inputs(), slow_inputs(), slow_inputs()],
             options=[{}, {"timeout": 1000}, {"timeout": 60_000_000}],
-            stagger=0.02,
+            stagger=0.05,
         )
     )
     assert not isinstance(results[0], Exception)

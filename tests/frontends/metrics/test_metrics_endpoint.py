@@ -10,10 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
+
+from oceanus.examples.small_models import SLOW_STEPS, build_slow
 
 # Triton 2.51's model families: (name, type, HELP), in Triton's order (core src/metrics.cc).
 TRITON_MODEL_FAMILIES = [
@@ -265,11 +268,12 @@ dynamic_batching {{
 
 
 @pytest.fixture(scope="module")
-def queue_repository(tmp_path_factory: pytest.TempPathFactory, model_repository: Path) -> Path:
+def queue_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("metrics-repo")
     model = root / "slow_queue" / "1"
     model.mkdir(parents=True)
-    (model / "model.onnx").write_bytes((model_repository / "slow_fp32/1/model.onnx").read_bytes())
+    # ~10x slow_fp32, so the second request surely waits behind the first on a loaded machine
+    onnx.save(build_slow(steps=10 * SLOW_STEPS), str(model / "model.onnx"))
     (root / "slow_queue" / "config.pbtxt").write_text(QUEUE_CONFIG.format(name="slow_queue"))
     return root
 
@@ -291,7 +295,7 @@ def test_queue_timeout_is_rejected_and_queue_full_is_not_counted(
     pending = []
     for _ in range(4):  # 1 runs, 1 waits and times out, 2 find the queue full
         pending.append(client.async_infer("slow_queue", slow_input()))
-        time.sleep(0.01)
+        time.sleep(0.05)
     results: list[Any] = []
     for request in pending:
         try:
@@ -326,7 +330,10 @@ def test_queue_timeout_is_rejected_and_queue_full_is_not_counted(
     assert got.value("nv_inference_queue_summary_us_sum", **labels) == stats["queue"]["ns"] // 1000
     request_us = stats["success"]["ns"] / 1000
     p50 = got.value("nv_inference_request_summary_us", quantile="0.5", **labels)
-    assert abs(p50 - request_us) <= 0.02 * request_us + 1
+    if successes == 1:  # the usual split: the median is the one observation (2% quantile error)
+        assert abs(p50 - request_us) <= 0.02 * request_us + 1
+    else:  # the median is one of the observations, so at most their sum
+        assert 0 < p50 <= request_us * 1.02 + 1
     assert got.families["nv_inference_first_response_histogram_ms"].type == "histogram"
     assert (
         got.value("nv_inference_first_response_histogram_ms_bucket", le="+Inf", **labels)
