@@ -189,19 +189,31 @@ def _grpc_options(parser: argparse.ArgumentParser) -> None:
     _flag(parser, "--reuse-grpc-port", False, "let several servers listen on the gRPC port")
     add("--grpc-keepalive-time", type=parse_nonnegative, default=7_200_000, metavar="MS")
     add("--grpc-keepalive-timeout", type=parse_nonnegative, default=20_000, metavar="MS")
-    _flag(parser, "--grpc-keepalive-permit-without-calls", False,
-          "allow keepalive pings without calls in flight")
+    _flag(
+        parser,
+        "--grpc-keepalive-permit-without-calls",
+        False,
+        "allow keepalive pings without calls in flight",
+    )
     add("--grpc-http2-max-pings-without-data", type=parse_nonnegative, default=2)
-    add("--grpc-http2-min-recv-ping-interval-without-data", type=parse_nonnegative,
-        default=300_000, metavar="MS")
+    add(
+        "--grpc-http2-min-recv-ping-interval-without-data",
+        type=parse_nonnegative,
+        default=300_000,
+        metavar="MS",
+    )
     add("--grpc-http2-max-ping-strikes", type=parse_nonnegative, default=2)
     add("--grpc-max-connection-age", type=parse_nonnegative, default=None, metavar="MS")
     add("--grpc-max-connection-age-grace", type=parse_nonnegative, default=None, metavar="MS")
-    add("--grpc-restricted-protocol", action="append", default=[],
+    add(
+        "--grpc-restricted-protocol",
+        action="append",
+        default=[],
         metavar="<protocols>:<key>=<value>",
         help="RPC groups (health, metadata, inference, shared-memory, model-config, "
         "model-repository, statistics, trace, logging) that need the metadata "
-        "'triton-grpc-protocol-<key>: <value>'")
+        "'triton-grpc-protocol-<key>: <value>'",
+    )
     _flag(parser, "--grpc-use-ssl", False, "serve gRPC over TLS")
     _flag(parser, "--grpc-use-ssl-mutual", False, "serve gRPC over mutual TLS")
     add("--grpc-server-cert", default="", metavar="PEM")

@@ -23,7 +23,7 @@ def message_to_dict(message: Message) -> dict[str, Any]:
         if _is_map(field):
             value_field = field.message_type.fields_by_name["value"]
             result[field.name] = {str(k): _scalar(value_field, v) for k, v in value.items()}
-        elif field.label == _FD.LABEL_REPEATED:
+        elif _is_repeated(field):
             result[field.name] = [_scalar(field, v) for v in value]
         elif field.type == _FD.TYPE_MESSAGE or field.containing_oneof is not None:
             if message.HasField(field.name):
@@ -31,6 +31,14 @@ def message_to_dict(message: Message) -> dict[str, Any]:
         else:
             result[field.name] = _scalar(field, value)
     return result
+
+
+def _is_repeated(field: FieldDescriptor) -> bool:
+    # protobuf >= 6.32 deprecates `label` in favour of `is_repeated`; older releases lack it.
+    repeated = getattr(field, "is_repeated", None)
+    if repeated is None:
+        return bool(field.label == _FD.LABEL_REPEATED)
+    return bool(repeated)
 
 
 def _is_map(field: FieldDescriptor) -> bool:

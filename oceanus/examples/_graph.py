@@ -57,8 +57,9 @@ class GraphBuilder:
         array *= np.float32(std)
         return self.const(array, hint)
 
-    def op(self, op_type: str, inputs: Sequence[str], output: str | None = None,
-           **attrs: Any) -> str:
+    def op(
+        self, op_type: str, inputs: Sequence[str], output: str | None = None, **attrs: Any
+    ) -> str:
         """Append a single-output node and return the name of its output."""
         out = output if output is not None else self._fresh(op_type.lower())
         self.nodes.append(
@@ -66,8 +67,9 @@ class GraphBuilder:
         )
         return out
 
-    def model(self, inputs: Sequence[onnx.ValueInfoProto],
-              outputs: Sequence[onnx.ValueInfoProto]) -> onnx.ModelProto:
+    def model(
+        self, inputs: Sequence[onnx.ValueInfoProto], outputs: Sequence[onnx.ValueInfoProto]
+    ) -> onnx.ModelProto:
         graph = helper.make_graph(
             self.nodes, self.name, list(inputs), list(outputs), initializer=self.initializers
         )

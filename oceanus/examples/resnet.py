@@ -62,15 +62,21 @@ _EXPANSION = 4
 _RESIDUAL_GAIN = 0.3
 
 
-def _conv(b: GraphBuilder, x: str, cin: int, cout: int, k: int, stride: int,
-          gain: float = 1.0) -> str:
+def _conv(
+    b: GraphBuilder, x: str, cin: int, cout: int, k: int, stride: int, gain: float = 1.0
+) -> str:
     """Conv with a folded-BN bias; He init (std sqrt(2/fan_in)) keeps ReLU nets' scale."""
     std = math.sqrt(2.0 / (cin * k * k)) * gain
     w = b.normal((cout, cin, k, k), std, "conv_w")
     bias = b.const(np.zeros(cout, dtype=np.float32), "conv_b")
     pad = k // 2
-    return b.op("Conv", [x, w, bias], kernel_shape=[k, k], strides=[stride, stride],
-                pads=[pad, pad, pad, pad])
+    return b.op(
+        "Conv",
+        [x, w, bias],
+        kernel_shape=[k, k],
+        strides=[stride, stride],
+        pads=[pad, pad, pad, pad],
+    )
 
 
 def _bottleneck(b: GraphBuilder, x: str, cin: int, width: int, stride: int) -> str:

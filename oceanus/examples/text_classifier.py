@@ -94,8 +94,9 @@ def _self_attention(b: GraphBuilder, x: str, mask: str) -> str:
     split_heads = b.const([0, 0, HEADS, head_dim], "split_heads")  # 0 = keep that dim
 
     def heads(perm: list[int]) -> str:
-        return b.op("Transpose", [b.op("Reshape", [_dense(b, x, HIDDEN, HIDDEN), split_heads])],
-                    perm=perm)
+        return b.op(
+            "Transpose", [b.op("Reshape", [_dense(b, x, HIDDEN, HIDDEN), split_heads])], perm=perm
+        )
 
     q = heads([0, 2, 1, 3])  # [N, heads, S, d]
     k = heads([0, 2, 3, 1])  # [N, heads, d, S]: pre-transposed for Q @ K^T

@@ -22,19 +22,38 @@ from oceanus.examples import (
 from oceanus.examples.__main__ import main
 
 IDENTITY_SUFFIXES = (
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "fp16", "fp32", "fp64", "bf16", "bytes",
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "fp16",
+    "fp32",
+    "fp64",
+    "bf16",
+    "bytes",
 )
 
 # Model-config TYPE_ name -> ONNX element type, for cross-checking configs against graphs.
 CONFIG_TO_ONNX = {
-    "TYPE_BOOL": TensorProto.BOOL, "TYPE_INT8": TensorProto.INT8,
-    "TYPE_INT16": TensorProto.INT16, "TYPE_INT32": TensorProto.INT32,
-    "TYPE_INT64": TensorProto.INT64, "TYPE_UINT8": TensorProto.UINT8,
-    "TYPE_UINT16": TensorProto.UINT16, "TYPE_UINT32": TensorProto.UINT32,
-    "TYPE_UINT64": TensorProto.UINT64, "TYPE_FP16": TensorProto.FLOAT16,
-    "TYPE_FP32": TensorProto.FLOAT, "TYPE_FP64": TensorProto.DOUBLE,
-    "TYPE_BF16": TensorProto.BFLOAT16, "TYPE_STRING": TensorProto.STRING,
+    "TYPE_BOOL": TensorProto.BOOL,
+    "TYPE_INT8": TensorProto.INT8,
+    "TYPE_INT16": TensorProto.INT16,
+    "TYPE_INT32": TensorProto.INT32,
+    "TYPE_INT64": TensorProto.INT64,
+    "TYPE_UINT8": TensorProto.UINT8,
+    "TYPE_UINT16": TensorProto.UINT16,
+    "TYPE_UINT32": TensorProto.UINT32,
+    "TYPE_UINT64": TensorProto.UINT64,
+    "TYPE_FP16": TensorProto.FLOAT16,
+    "TYPE_FP32": TensorProto.FLOAT,
+    "TYPE_FP64": TensorProto.DOUBLE,
+    "TYPE_BF16": TensorProto.BFLOAT16,
+    "TYPE_STRING": TensorProto.STRING,
 }
 
 RESNET_CONFIG = """
@@ -81,7 +100,11 @@ def run(repo: pathlib.Path, name: str, **feeds: np.ndarray) -> list[Any]:
 def test_model_lists() -> None:
     assert EXAMPLE_MODELS[:2] == ("resnet50_onnx", "text_classifier_onnx")
     assert set(EXAMPLE_MODELS) == {
-        "resnet50_onnx", "text_classifier_onnx", "simple", "simple_dyna", "slow_fp32",
+        "resnet50_onnx",
+        "text_classifier_onnx",
+        "simple",
+        "simple_dyna",
+        "slow_fp32",
         *(f"identity_{s}" for s in IDENTITY_SUFFIXES),
     }
     assert set(SMALL_MODELS) == set(EXAMPLE_MODELS) - {"resnet50_onnx", "text_classifier_onnx"}
@@ -128,8 +151,9 @@ def test_config_matches_graph(repo: pathlib.Path, name: str) -> None:
 def test_large_model_configs_exact(repo: pathlib.Path, name: str, expected: str) -> None:
     text_format = pytest.importorskip("google.protobuf.text_format")
     model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
-    got = text_format.Parse((repo / name / "config.pbtxt").read_text(),
-                            model_config_pb2.ModelConfig())
+    got = text_format.Parse(
+        (repo / name / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
     assert got == text_format.Parse(expected, model_config_pb2.ModelConfig())
 
 
@@ -173,8 +197,9 @@ def _random_input(suffix: str, shape: tuple[int, int]) -> np.ndarray:
     if suffix == "bool":
         return rng.integers(0, 2, shape).astype(np.bool_)
     if suffix == "bytes":
-        return np.array([[f"s{i}-é-{j}" for j in range(shape[1])] for i in range(shape[0])],
-                        dtype=object)
+        return np.array(
+            [[f"s{i}-é-{j}" for j in range(shape[1])] for i in range(shape[0])], dtype=object
+        )
     if suffix in ("fp16", "fp32", "fp64"):
         dtype = {"fp16": np.float16, "fp32": np.float32, "fp64": np.float64}[suffix]
         values = rng.standard_normal(shape).astype(dtype)
@@ -279,8 +304,7 @@ def test_unknown_model_rejected(tmp_path: pathlib.Path) -> None:
     assert not (tmp_path / "simple").exists()
 
 
-def test_example_repository_cache(tmp_path: pathlib.Path,
-                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_example_repository_cache(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OCEANUS_CACHE_DIR", str(tmp_path))
     names = ["identity_fp32", "simple", "identity_bytes"]
     # Many concurrent first uses must agree on one complete directory.
@@ -302,8 +326,9 @@ def test_example_repository_cache(tmp_path: pathlib.Path,
     assert other != path and sorted(p.name for p in other.iterdir()) == ["simple"]
 
 
-def test_main_writes_selected_models(tmp_path: pathlib.Path,
-                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_writes_selected_models(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main([str(tmp_path / "out"), "--models", "simple, identity_fp32"]) == 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["identity_fp32", "simple"]
     assert "2 model(s)" in capsys.readouterr().out

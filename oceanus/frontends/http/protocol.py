@@ -179,9 +179,7 @@ class HttpProtocol(asyncio.Protocol):
             self._write(outcome, keep_alive)
             return
         self._current = outcome
-        outcome.future.add_done_callback(
-            lambda future: self._finish(outcome, future, keep_alive)
-        )
+        outcome.future.add_done_callback(lambda future: self._finish(outcome, future, keep_alive))
 
     def _finish(self, pending: Pending, future: asyncio.Future[Any], keep_alive: bool) -> None:
         if self._closing or self._current is not pending:

@@ -190,7 +190,14 @@ def test_logging_extension_changes_settings_at_run_time(model_repository: Any, l
 
 
 def test_strict_routing_like_triton(server: Any) -> None:
-    for path in ("/v2/", "/v2/models", "/v2/models/", "/v2/models/simple/", "/v2/health",
-                 "/v2/models/simple/versions/abc", "/v2/models/simple/versions/-1"):
+    for path in (
+        "/v2/",
+        "/v2/models",
+        "/v2/models/",
+        "/v2/models/simple/",
+        "/v2/health",
+        "/v2/models/simple/versions/abc",
+        "/v2/models/simple/versions/-1",
+    ):
         status, _, body = raw(server, "GET", path)
         assert (status, orjson.loads(body)) == (404, {"error": "Not Found"}), path
