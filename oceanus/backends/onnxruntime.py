@@ -53,6 +53,13 @@ def _model_dims(shape: Sequence[Any]) -> list[int]:
     return [d if isinstance(d, int) and d >= 0 else -1 for d in shape]
 
 
+def _matches(dims: list[int], model_dims: list[int]) -> bool:
+    """Config dims equal to the model's full shape (-1 matching anything)."""
+    return len(dims) == len(model_dims) and all(
+        d == -1 or m == -1 or d == m for d, m in zip(dims, model_dims, strict=True)
+    )
+
+
 def _parameter(config: mc.ModelConfig, key: str) -> str | None:
     if key in config.parameters:
         return str(config.parameters[key].string_value)
@@ -64,6 +71,7 @@ class OnnxRuntimeBackend(Backend):
 
     def __init__(self) -> None:
         self._warned_gpu_fallback = False
+        self._warned_accelerators: set[tuple[str, str]] = set()
 
     def gpu_available(self) -> bool:
         return "CUDAExecutionProvider" in ort.get_available_providers()
@@ -74,7 +82,9 @@ class OnnxRuntimeBackend(Backend):
             path = path / "model.onnx"
         if not path.exists():
             raise unavailable(
-                f"unable to find '{path}' for model '{config.name}', in {version_dir}"
+                f"unable to find '{path}' for model '{config.name}': version folder "
+                f"'{version_dir.name}' has no model file (set default_model_filename if it is "
+                "named differently)"
             )
         return path
 
@@ -166,6 +176,15 @@ class OnnxRuntimeBackend(Backend):
         if len(full) != len(model_dims) or any(
             m != -1 and c != -1 and m != c for m, c in zip(model_dims, full, strict=False)
         ):
+            if batched and _matches(dims, model_dims):
+                # The most common config mistake: dims written with the batch dimension.
+                corrected = ", ".join(str(d) for d in dims[1:])
+                raise invalid_arg(
+                    f"model '{config.name}', {kind} '{tensor.name}': dims "
+                    f"[{','.join(str(d) for d in dims)}] include the batch dimension, but "
+                    f"max_batch_size > 0 already adds it in front; write 'dims: [ {corrected} ]'"
+                    " (or set max_batch_size: 0 to give the full shape)"
+                )
             if batched:
                 explain = (
                     f"{len(full)} dimensions (an initial batch dimension because max_batch_size "
@@ -196,11 +215,100 @@ class OnnxRuntimeBackend(Backend):
         # need; they sleep instead (measured in bench/README.md).
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-        providers: list[Any] = ["CPUExecutionProvider"]
-        if spec.kind == "GPU":
-            providers.insert(0, ("CUDAExecutionProvider", {"device_id": spec.device_id}))
+        providers = self._execution_providers(config, spec)
         session = ort.InferenceSession(str(model_path), sess_options=options, providers=providers)
         return OnnxRuntimeInstance(session, config)
+
+    # ---- execution accelerators (optimization.execution_accelerators) ------------------------
+
+    def _execution_providers(self, config: mc.ModelConfig, spec: InstanceSpec) -> list[Any]:
+        """ORT providers for an instance, from the config's execution accelerators as Triton's
+        ONNX Runtime backend maps them: gpu ["tensorrt", "cuda"] on GPU instances, cpu
+        ["openvino"] on every instance. An accelerator this ONNX Runtime build lacks is skipped
+        with a warning (Triton fails the load); an unknown name fails the load, as in Triton."""
+        accelerators = config.optimization.execution_accelerators
+        available = set(ort.get_available_providers())
+        providers: list[Any] = []
+        gpu_requested = any(g.kind == mc.ModelInstanceGroup.KIND_GPU for g in config.instance_group)
+        if spec.kind == "GPU" or gpu_requested:
+            cuda_options: dict[str, str] = {"device_id": str(spec.device_id)}
+            for accelerator in accelerators.gpu_execution_accelerator:
+                if accelerator.name == "tensorrt":
+                    if spec.kind == "GPU" and self._accelerator_usable(
+                        config, accelerator.name, "TensorrtExecutionProvider", available
+                    ):
+                        providers.append(
+                            (
+                                "TensorrtExecutionProvider",
+                                _tensorrt_options(accelerator.parameters, spec.device_id),
+                            )
+                        )
+                elif accelerator.name == "cuda":
+                    cuda_options.update(accelerator.parameters)
+                else:
+                    raise invalid_arg(
+                        f"unknown Execution Accelerator '{accelerator.name}' is requested"
+                    )
+            if spec.kind == "GPU":
+                providers.append(("CUDAExecutionProvider", cuda_options))
+        for accelerator in accelerators.cpu_execution_accelerator:
+            if accelerator.name != "openvino":
+                raise invalid_arg(
+                    f"unknown Execution Accelerator '{accelerator.name}' is requested"
+                )
+            if self._accelerator_usable(
+                config, accelerator.name, "OpenVINOExecutionProvider", available
+            ):
+                providers.append(("OpenVINOExecutionProvider", {"device_type": "CPU"}))
+        providers.append("CPUExecutionProvider")
+        return providers
+
+    def _accelerator_usable(
+        self, config: mc.ModelConfig, name: str, provider: str, available: set[str]
+    ) -> bool:
+        if provider in available:
+            log.info(
+                "model '%s': %s execution accelerator enabled (%s)", config.name, name, provider
+            )
+            return True
+        key = (config.name, name)
+        if key not in self._warned_accelerators:
+            self._warned_accelerators.add(key)
+            log.warning(
+                "model '%s': execution accelerator '%s' requested but this ONNX Runtime build "
+                "has no %s (available: %s); running without it",
+                config.name,
+                name,
+                provider,
+                ", ".join(sorted(available)),
+            )
+        return False
+
+
+# Triton's TensorRT accelerator parameters -> ONNX Runtime TensorRT provider options.
+_TRT_RENAMED = {
+    "max_workspace_size_bytes": "trt_max_workspace_size",
+    "int8_calibration_table_name": "trt_int8_calibration_table_name",
+    "int8_use_native_calibration_table": "trt_int8_use_native_calibration_table",
+}
+_TRT_PRECISION = {"FP16": "trt_fp16_enable", "BF16": "trt_bf16_enable", "INT8": "trt_int8_enable"}
+
+
+def _tensorrt_options(parameters: Any, device_id: int) -> dict[str, str]:
+    options = {"device_id": str(device_id)}
+    for key, value in parameters.items():
+        if key == "precision_mode":
+            flag = _TRT_PRECISION.get(value.upper())
+            if flag is None and value.upper() != "FP32":
+                raise invalid_arg(
+                    f"unsupported precision mode '{value}' is requested for TensorRT; allowed "
+                    "values are FP32, FP16, BF16 and INT8"
+                )
+            if flag is not None:
+                options[flag] = "True"
+        else:
+            options[_TRT_RENAMED.get(key, key)] = value
+    return options
 
 
 class OnnxRuntimeInstance(BackendInstance):

@@ -80,12 +80,25 @@ def read_config(model_dir: Path, autocomplete: bool) -> mc.ModelConfig:
     return config
 
 
+# Default model file -> backend, in the order Triton's auto-complete tries them. A PyTorch model
+# is recognized too, but its config must still list every input and output (the backend says so).
+_FILE_TO_BACKEND = (
+    ("model.onnx", "onnxruntime"),
+    ("model.plan", "tensorrt"),
+    ("model.pt", "pytorch"),
+    ("model.xml", "openvino"),
+    ("model.py", "python"),
+)
+
+
 def _guess_platform(config: mc.ModelConfig, model_dir: Path) -> None:
     """Triton's auto-complete recognizes a model by its file name."""
-    for version_dir in version_folders(model_dir).values():
-        if (version_dir / "model.onnx").exists():
-            config.backend = "onnxruntime"
-            return
+    versions = version_folders(model_dir)
+    for file_name, backend in _FILE_TO_BACKEND:
+        for version_dir in versions.values():
+            if (version_dir / file_name).exists():
+                config.backend = backend
+                return
 
 
 @dataclass

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
+import importlib.util
 import os
 import pathlib
 import shutil
@@ -13,10 +15,12 @@ from dataclasses import dataclass
 
 import onnx
 
-from . import resnet, small_models, text_classifier
+from . import openvino_models, resnet, small_models, text_classifier, torch_models
 
 # Bump whenever any generated file changes, so stale cached repositories are not reused.
 GENERATOR_VERSION = 1
+# The same for the optional (PyTorch, OpenVINO) models only; part of their repositories' key.
+OPTIONAL_GENERATOR_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -35,11 +39,13 @@ def _registry() -> dict[str, ExampleModel]:
         ExampleModel("slow_fp32", small_models.SLOW_CONFIG, small_models.build_slow),
     ]
     for suffix in small_models.IDENTITY_TYPES:
-        models.append(ExampleModel(
-            small_models.identity_name(suffix),
-            small_models.identity_config(suffix),
-            functools.partial(small_models.build_identity, suffix),
-        ))
+        models.append(
+            ExampleModel(
+                small_models.identity_name(suffix),
+                small_models.identity_config(suffix),
+                functools.partial(small_models.build_identity, suffix),
+            )
+        )
     return {m.name: m for m in models}
 
 
@@ -49,31 +55,128 @@ LARGE_MODELS: tuple[str, ...] = (resnet.NAME, text_classifier.NAME)
 SMALL_MODELS: tuple[str, ...] = tuple(n for n in EXAMPLE_MODELS if n not in LARGE_MODELS)
 
 
+@dataclass(frozen=True)
+class OptionalExampleModel:
+    """A model for a backend whose framework is an optional dependency."""
+
+    name: str
+    config: str  # config.pbtxt text
+    framework: str  # the import that must work ("torch", "openvino")
+    extra: str  # the pip extra that installs it
+    write: Callable[[pathlib.Path], None]  # writes the version folder's model file(s)
+
+
+_OPTIONAL: tuple[OptionalExampleModel, ...] = (
+    OptionalExampleModel(
+        torch_models.SIMPLE_NAME,
+        torch_models.SIMPLE_CONFIG,
+        "torch",
+        "pytorch",
+        torch_models.write_simple,
+    ),
+    OptionalExampleModel(
+        torch_models.RESNET_NAME,
+        torch_models.RESNET_CONFIG,
+        "torch",
+        "pytorch",
+        torch_models.write_resnet,
+    ),
+    OptionalExampleModel(
+        openvino_models.SIMPLE_NAME,
+        openvino_models.SIMPLE_CONFIG,
+        "openvino",
+        "openvino",
+        openvino_models.write_simple,
+    ),
+    OptionalExampleModel(
+        openvino_models.RESNET_NAME,
+        openvino_models.RESNET_CONFIG,
+        "openvino",
+        "openvino",
+        openvino_models.write_resnet,
+    ),
+)
+OPTIONAL: dict[str, OptionalExampleModel] = {m.name: m for m in _OPTIONAL}
+# Models for the PyTorch and OpenVINO backends: never in EXAMPLE_MODELS (which stays ONNX only);
+# the default repository (example_repository() with no names) adds those whose framework imports.
+OPTIONAL_MODELS: tuple[str, ...] = tuple(OPTIONAL)
+
+
+def framework_available(framework: str) -> bool:
+    """Whether `framework` can be imported here (found without importing it)."""
+    try:
+        return importlib.util.find_spec(framework) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def available_optional_models() -> tuple[str, ...]:
+    """The optional models whose framework is installed."""
+    return tuple(m.name for m in _OPTIONAL if framework_available(m.framework))
+
+
+def default_models() -> tuple[str, ...]:
+    """What the built-in repository serves: every ONNX model, plus the optional models whose
+    framework is installed (so one server shows ONNX, PyTorch and OpenVINO side by side)."""
+    return EXAMPLE_MODELS + available_optional_models()
+
+
 def _select(models: Iterable[str] | None) -> list[str]:
-    """Validate and de-duplicate *models*, keeping EXAMPLE_MODELS order (None = all)."""
+    """Validate and de-duplicate *models*, keeping EXAMPLE_MODELS then OPTIONAL_MODELS order
+    (None = EXAMPLE_MODELS)."""
     if models is None:
         return list(EXAMPLE_MODELS)
     wanted = set(models)
-    unknown = sorted(wanted - set(EXAMPLE_MODELS))
+    known = EXAMPLE_MODELS + OPTIONAL_MODELS
+    unknown = sorted(wanted - set(known))
     if unknown:
         raise ValueError(
-            f"unknown example model(s) {', '.join(unknown)}; "
-            f"choose from {', '.join(EXAMPLE_MODELS)}"
+            f"unknown example model(s) {', '.join(unknown)}; choose from {', '.join(known)}"
         )
-    return [name for name in EXAMPLE_MODELS if name in wanted]
+    for name in sorted(wanted & set(OPTIONAL_MODELS)):
+        model = OPTIONAL[name]
+        if not framework_available(model.framework):
+            raise ValueError(
+                f"example model '{name}' needs {model.framework}, which is not installed: "
+                f"pip install oceanus[{model.extra}]"
+            )
+    return [name for name in known if name in wanted]
+
+
+def _write_model(root: pathlib.Path, name: str) -> None:
+    version_dir = root / name / "1"
+    version_dir.mkdir(parents=True, exist_ok=True)
+    if name in OPTIONAL:
+        optional = OPTIONAL[name]
+        (root / name / "config.pbtxt").write_text(optional.config, encoding="utf-8")
+        optional.write(version_dir)
+        return
+    model = MODELS[name]
+    (root / name / "config.pbtxt").write_text(model.config, encoding="utf-8")
+    (version_dir / "model.onnx").write_bytes(model.build().SerializeToString())
+
+
+def _framework_versions(names: Iterable[str]) -> str:
+    """Framework versions that the optional models' files depend on (part of the cache key)."""
+    frameworks = sorted({OPTIONAL[n].framework for n in names if n in OPTIONAL})
+    versions = []
+    for framework in frameworks:
+        try:
+            versions.append(f"{framework}={importlib.metadata.version(framework)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{framework}=?")
+    return ";".join(versions)
 
 
 def write_example_repository(
     path: str | os.PathLike[str], models: Iterable[str] | None = None
 ) -> pathlib.Path:
-    """Write ``<path>/<model>/config.pbtxt`` and ``<path>/<model>/1/model.onnx`` per model."""
+    """Write ``<path>/<model>/config.pbtxt`` and ``<path>/<model>/1/model.onnx`` per model
+    (``model.pt`` or ``model.xml`` + ``model.bin`` for the optional PyTorch and OpenVINO models,
+    which are written only when named)."""
     root = pathlib.Path(path)
     for name in _select(models):
-        model = MODELS[name]
-        version_dir = root / name / "1"
-        version_dir.mkdir(parents=True, exist_ok=True)
-        (root / name / "config.pbtxt").write_text(model.config, encoding="utf-8")
-        (version_dir / "model.onnx").write_bytes(model.build().SerializeToString())
+        _write_model(root, name)
     return root
 
 
@@ -84,14 +187,18 @@ def cache_root() -> pathlib.Path:
 
 
 def example_repository(models: Iterable[str] | None = None) -> pathlib.Path:
-    """Return a cached, complete example repository holding *models* (all by default).
+    """Return a cached, complete example repository holding *models* (by default
+    `default_models()`: every ONNX model plus the optional ones whose framework is installed).
 
     The first caller generates it in a temporary sibling directory and renames it into
     place; rename is atomic, so concurrent callers (pytest-xdist workers, two servers) see
     either no directory or a complete one, never a half-written repository.
     """
-    names = _select(models)
-    key = hashlib.sha256(",".join(names).encode()).hexdigest()[:16]
+    names = _select(default_models() if models is None else models)
+    key_text = ",".join(names)
+    if any(n in OPTIONAL for n in names):
+        key_text += f"|optional-v{OPTIONAL_GENERATOR_VERSION}|" + _framework_versions(names)
+    key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
     final = cache_root() / f"v{GENERATOR_VERSION}-{key}"
     if final.is_dir():
         return final

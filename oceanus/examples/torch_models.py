@@ -1,0 +1,183 @@
+"""TorchScript examples for the PyTorch backend: ``simple_pytorch`` and ``resnet_small_pytorch``.
+
+Needs PyTorch (``pip install oceanus[pytorch]``); the generator lists these models only where it
+imports. Weights come from numpy's seeded generator, so a PyTorch release writes the same file
+every time.
+
+``resnet_small_pytorch`` is a ResNet-18-shaped network (a 3x3 stem, four stages of two basic
+blocks, global average pooling, a 1000-way classifier) narrowed to widths 16/32/64/128: ~0.83 M
+parameters, a ~3 MB file, ~0.22 GFLOP per 224x224 image (ResNet-50: ~8 GFLOP).
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+import warnings
+from typing import Any
+
+import numpy as np
+
+SIMPLE_NAME = "simple_pytorch"
+RESNET_NAME = "resnet_small_pytorch"
+SEED = 18
+
+SIMPLE_CONFIG = """\
+name: "simple_pytorch"
+platform: "pytorch_libtorch"
+max_batch_size: 8
+input [
+  {
+    name: "INPUT__0"
+    data_type: TYPE_INT32
+    dims: [ 16 ]
+  },
+  {
+    name: "INPUT__1"
+    data_type: TYPE_INT32
+    dims: [ 16 ]
+  }
+]
+output [
+  {
+    name: "OUTPUT__0"
+    data_type: TYPE_INT32
+    dims: [ 16 ]
+  },
+  {
+    name: "OUTPUT__1"
+    data_type: TYPE_INT32
+    dims: [ 16 ]
+  }
+]
+dynamic_batching { }
+instance_group [
+  {
+    count: 2
+    kind: KIND_CPU
+  }
+]
+"""
+
+RESNET_CONFIG = """\
+name: "resnet_small_pytorch"
+platform: "pytorch_libtorch"
+max_batch_size: 32
+input [
+  {
+    name: "INPUT__0"
+    data_type: TYPE_FP32
+    dims: [ 3, 224, 224 ]
+  }
+]
+output [
+  {
+    name: "OUTPUT__0"
+    data_type: TYPE_FP32
+    dims: [ 1000 ]
+  }
+]
+dynamic_batching {
+  preferred_batch_size: [ 8, 16, 32 ]
+  max_queue_delay_microseconds: 5000
+}
+instance_group [
+  {
+    count: 1
+    kind: KIND_GPU
+  }
+]
+"""
+
+# (width, stride of the stage's first block); two basic blocks per stage as in ResNet-18.
+_STAGES = ((16, 1), (32, 2), (64, 2), (128, 2))
+_RESIDUAL_GAIN = 0.3  # keeps random-weight activations bounded (see resnet.py)
+
+
+def build_simple() -> Any:
+    """OUTPUT__0 = INPUT__0 + INPUT__1, OUTPUT__1 = INPUT__0 - INPUT__1 (scripted)."""
+    import torch
+
+    class Simple(torch.nn.Module):
+        def forward(
+            self,
+            INPUT__0: torch.Tensor,
+            INPUT__1: torch.Tensor,  # Triton's names
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            return INPUT__0 + INPUT__1, INPUT__0 - INPUT__1
+
+    return torch.jit.script(Simple())
+
+
+def build_resnet() -> Any:
+    import torch
+    from torch import nn
+
+    rng = np.random.default_rng(SEED)
+
+    def conv(cin: int, cout: int, k: int, stride: int, gain: float = 1.0) -> nn.Conv2d:
+        layer = nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, bias=True)
+        std = math.sqrt(2.0 / (cin * k * k)) * gain
+        with torch.no_grad():
+            layer.weight.copy_(
+                torch.from_numpy(rng.normal(0.0, std, (cout, cin, k, k)).astype(np.float32))
+            )
+            assert layer.bias is not None
+            layer.bias.zero_()
+        return layer
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.conv1 = conv(cin, cout, 3, stride)
+            self.conv2 = conv(cout, cout, 3, 1, gain=_RESIDUAL_GAIN)
+            self.shortcut = (
+                conv(cin, cout, 1, stride) if stride != 1 or cin != cout else nn.Identity()
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.relu(self.conv1(x))
+            return torch.relu(self.conv2(y) + self.shortcut(x))
+
+    class ResNetSmall(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = conv(3, 16, 3, 2)
+            self.pool = nn.MaxPool2d(3, stride=2, padding=1)
+            blocks = []
+            cin = 16
+            for width, stride in _STAGES:
+                blocks += [Block(cin, width, stride), Block(width, width, 1)]
+                cin = width
+            self.blocks = nn.Sequential(*blocks)
+            self.fc = nn.Linear(cin, 1000)
+            with torch.no_grad():
+                self.fc.weight.copy_(
+                    torch.from_numpy(
+                        rng.normal(0.0, 1.0 / math.sqrt(cin), (1000, cin)).astype(np.float32)
+                    )
+                )
+                self.fc.bias.zero_()
+
+        def forward(self, INPUT__0: torch.Tensor) -> torch.Tensor:
+            x = self.pool(torch.relu(self.stem(INPUT__0)))
+            x = self.blocks(x)
+            return self.fc(torch.flatten(torch.mean(x, dim=(2, 3)), 1))
+
+    return torch.jit.script(ResNetSmall().eval())
+
+
+def _save(build: Any, path: pathlib.Path) -> None:
+    # TorchScript is deprecated in favour of torch.export (torch 2.13 warns on every script and
+    # save); Triton's PyTorch backend still serves it, and so do we.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        build().save(str(path))
+
+
+def write_simple(version_dir: pathlib.Path) -> None:
+    _save(build_simple, version_dir / "model.pt")
+
+
+def write_resnet(version_dir: pathlib.Path) -> None:
+    _save(build_resnet, version_dir / "model.pt")
