@@ -10,9 +10,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
+
+if TYPE_CHECKING:
+    from oceanus.core.errors import InferenceServerError
 
 
 @dataclass(frozen=True)
@@ -25,12 +29,34 @@ class InstanceSpec:
     cpu_threads: int  # the share of the machine's cores this instance may use
 
 
+@dataclass(slots=True)
+class RequestsResult:
+    """What `BackendInstance.execute_requests` returns: one entry per request, in order (its
+    outputs, or the error that request alone gets), and the time spent on each phase."""
+
+    outputs: list[dict[str, np.ndarray] | InferenceServerError]
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+
+
 class BackendInstance(ABC):
     """One loaded copy of a model, executed by one thread at a time."""
 
     @abstractmethod
     def execute(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one batch; inputs and outputs keyed by tensor name, batch dimension included."""
+
+    # Optional per-request path (the Python backend): a backend that defines
+    # `execute_requests(jobs) -> RequestsResult` gets the batch as the requests themselves
+    # (each job has `.request`, an InferRequest, `.inputs`, its validated arrays, and `.stream`
+    # for decoupled models) instead of one concatenated batch; raising fails every request.
+    execute_requests: Any = None
+
+    def healthy(self) -> bool:
+        """False while the instance cannot execute (a crashed worker being restarted): the
+        model then reports not ready."""
+        return True
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the instance holds."""

@@ -39,6 +39,11 @@ class Job:
     seq: int = 0
     delayed: bool = False
     started_ns: int = 0
+    # Per-request path (backends with execute_requests): this request's own error response
+    # (its execution counts as a success, as in Triton) and, for decoupled models, the stream
+    # its responses go to.
+    response_error: InferenceServerError | None = None
+    stream: Any = None
 
 
 @dataclass(slots=True)
@@ -70,6 +75,7 @@ class InstanceWorker:
         self._loop = loop
         self._on_done: BatchDone | None = None
         self._batches: queue.SimpleQueue[list[Job] | None] = queue.SimpleQueue()
+        self._per_request = instance.execute_requests is not None
         self._thread = threading.Thread(target=self._run, name=spec.name, daemon=True)
 
     def start(self, on_done: BatchDone) -> None:
@@ -98,6 +104,8 @@ class InstanceWorker:
                 return
 
     def _execute(self, batch: list[Job]) -> BatchResult:
+        if self._per_request:
+            return self._execute_requests(batch)
         result = BatchResult(started_ns=time.monotonic_ns())
         try:
             inputs = _assemble(batch)
@@ -119,6 +127,34 @@ class InstanceWorker:
         result.input_ns = assembled - result.started_ns
         result.infer_ns = executed - assembled
         result.output_ns = done - executed
+        return result
+
+    def _execute_requests(self, batch: list[Job]) -> BatchResult:
+        """The per-request path: the backend gets the requests themselves and answers each."""
+        result = BatchResult(started_ns=time.monotonic_ns())
+        try:
+            done = self.instance.execute_requests(batch)
+        except InferenceServerError as exc:
+            result.error = exc
+            return result
+        except Exception as exc:
+            log.exception("instance %s failed to execute a batch", self.spec.name)
+            result.error = internal(
+                f"Failed to process the request(s) for model '{self.spec.name}', message: "
+                f"{type(exc).__name__}: {exc}"
+            )
+            return result
+        outputs: list[dict[str, np.ndarray]] = []
+        for job, answer in zip(batch, done.outputs, strict=True):
+            if isinstance(answer, InferenceServerError):
+                job.response_error = answer
+                outputs.append({})
+            else:
+                outputs.append(answer)
+        result.outputs = outputs
+        result.input_ns = done.input_ns
+        result.infer_ns = done.infer_ns
+        result.output_ns = done.output_ns
         return result
 
     def _split(

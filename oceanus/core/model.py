@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
+from oceanus.core import datatypes
 from oceanus.core.errors import ErrorCode, InferenceServerError, unavailable
 from oceanus.core.instance import BatchResult, InstanceWorker, Job
 from oceanus.core.scheduler import Scheduler
@@ -54,6 +57,9 @@ class ModelVersion:
         self.outputs = {t.name: TensorSpec.from_config(t) for t in config.output}
         self._output_order = [t.name for t in config.output]
         self.scheduler: Scheduler | None = None
+        # Decoupled models answer through infer_stream() only (0..N responses per request).
+        self.decoupled = bool(config.model_transaction_policy.decoupled)
+        self._workers: list[InstanceWorker] = []
 
     @property
     def ready(self) -> bool:
@@ -62,7 +68,13 @@ class ModelVersion:
     def start(self, workers: list[InstanceWorker]) -> None:
         """Attach loaded instances; runs on the event loop."""
         self.scheduler = Scheduler(self.config, workers, self.stats, self._complete)
+        self._workers = workers
         self.state = ModelState.READY
+
+    def healthy(self) -> bool:
+        """Ready, and every instance able to execute (a Python model's crashed worker being
+        restarted is not): what the readiness endpoints report."""
+        return self.ready and all(w.instance.healthy() for w in self._workers)
 
     def infer(self, request: InferRequest) -> asyncio.Future[InferResponse]:
         """Validate and queue a request; the future resolves with its response."""
@@ -81,6 +93,35 @@ class ModelVersion:
         self.scheduler.enqueue(Job(request=request, inputs=inputs, rows=rows, future=future))
         return future
 
+    def infer_stream(
+        self,
+        request: InferRequest,
+        empty_final: bool | None = None,
+        mark_final: bool | None = None,
+    ) -> AsyncIterator[InferResponse]:
+        """Validate and queue a request to a decoupled model; iterate its responses.
+
+        Errors before queueing raise here; an error response ends the iteration by raising.
+        The iterator stops after the response that carries the model's final flag; a final flag
+        sent alone yields an empty response only when the request's parameters ask for it
+        (`triton_enable_empty_final_response`), and then every response carries the
+        `triton_final_response` parameter. Leaving the iteration early cancels the request."""
+        loop = asyncio.get_running_loop()
+        if self.scheduler is None or self.state is not ModelState.READY:
+            raise unavailable(
+                f"Request for unknown model: '{self.name}' version {self.version} is not at "
+                "ready state"
+            )
+        inputs, rows = validate_request(
+            request, self.name, self.config.max_batch_size, self.inputs, self.outputs
+        )
+        future: asyncio.Future[InferResponse] = loop.create_future()
+        stream = ResponseStream(self, request, loop, empty_final, mark_final)
+        self.scheduler.enqueue(
+            Job(request=request, inputs=inputs, rows=rows, future=future, stream=stream)
+        )
+        return stream.responses(future)
+
     def _complete(
         self,
         job: Job,
@@ -92,6 +133,9 @@ class ModelVersion:
         """Resolve one request's future and record its statistics (on the loop)."""
         request = job.request
         future = job.future
+        if job.stream is not None:
+            self._complete_stream(job, result, now, error)
+            return
         if outputs is None or result is None or error is not None:
             self.stats.record_failure(now - request.received_ns, _failure_reason(error))
             if error is not None and not future.done():
@@ -108,7 +152,35 @@ class ModelVersion:
             output_ns=result.output_ns,
             rows=job.rows,
         )
+        if job.response_error is not None:
+            # The model answered this request with an error: the client gets it, the statistics
+            # count a success (as Triton counts it).
+            future.set_exception(job.response_error)
+            return
         future.set_result(self._response(request, outputs))
+
+    def _complete_stream(
+        self, job: Job, result: BatchResult | None, now: int, error: InferenceServerError | None
+    ) -> None:
+        """A decoupled request's execution ended; its responses travel on its stream."""
+        request = job.request
+        stream: ResponseStream = job.stream
+        if result is None or error is not None:
+            self.stats.record_failure(now - request.received_ns, _failure_reason(error))
+            stream.put(None, error or unavailable("request cancelled"), True)
+        else:
+            self.stats.record_success(
+                request_ns=now - request.received_ns,
+                queue_ns=job.started_ns - job.enqueued_ns,
+                input_ns=result.input_ns,
+                infer_ns=result.infer_ns,
+                output_ns=result.output_ns,
+                rows=job.rows,
+            )
+            if job.response_error is not None:
+                stream.put(None, job.response_error, True)
+        if not job.future.done():
+            job.future.set_result(None)
 
     def _response(self, request: InferRequest, outputs: dict[str, np.ndarray]) -> InferResponse:
         requested: dict[str, RequestedOutput] | None = None
@@ -119,9 +191,13 @@ class ModelVersion:
             names = [o.name for o in request.outputs]
         tensors = []
         for name in names:
-            array = outputs[name]
-            spec = self.outputs[name]
-            tensors.append(Tensor(name, spec.datatype.name, array.shape, array))
+            array = outputs.get(name)
+            if array is None:  # a Python model may leave outputs out, as in Triton
+                continue
+            datatype = self.outputs[name].datatype
+            if array.dtype != datatype.dtype:  # a Python model's own datatype is what it sent
+                datatype = datatypes.from_numpy(array.dtype) or datatype
+            tensors.append(Tensor(name, datatype.name, array.shape, array))
         return InferResponse(
             model_name=self.name,
             model_version=self.version_str,
@@ -169,3 +245,81 @@ class ModelEntry:
             if self.versions[version].ready:
                 return self.versions[version]
         return None
+
+
+class ResponseStream:
+    """The responses of one request to a decoupled model, in the order the model sends them.
+
+    Backends call `send` from any thread; it hands each response to the event loop."""
+
+    __slots__ = ("_empty_final", "_loop", "_mark_final", "_model", "_queue", "_request")
+
+    def __init__(
+        self,
+        model: ModelVersion,
+        request: InferRequest,
+        loop: asyncio.AbstractEventLoop,
+        empty_final: bool | None = None,
+        mark_final: bool | None = None,
+    ) -> None:
+        self._model = model
+        self._request = request
+        self._loop = loop
+        self._queue: asyncio.Queue[
+            tuple[InferResponse | None, InferenceServerError | None, bool]
+        ] = asyncio.Queue()
+        # As Triton's gRPC stream: with this request parameter, a final flag sent alone is an
+        # empty response and every response says whether it is the final one.
+        asked = bool(request.parameters.get("triton_enable_empty_final_response"))
+        self._mark_final = asked if mark_final is None else mark_final
+        self._empty_final = asked if empty_final is None else empty_final
+
+    def send(
+        self,
+        outputs: dict[str, np.ndarray] | None,
+        error: InferenceServerError | None,
+        final: bool,
+    ) -> None:
+        """One response (outputs), an error, or the final flag alone (both None)."""
+        with contextlib.suppress(RuntimeError):  # RuntimeError: the loop closed (stopping)
+            self._loop.call_soon_threadsafe(self._put_outputs, outputs, error, final)
+
+    def _put_outputs(
+        self,
+        outputs: dict[str, np.ndarray] | None,
+        error: InferenceServerError | None,
+        final: bool,
+    ) -> None:
+        response = None if outputs is None else self._model._response(self._request, outputs)
+        self.put(response, error, final)
+
+    def put(
+        self, response: InferResponse | None, error: InferenceServerError | None, final: bool
+    ) -> None:
+        """On the loop."""
+        self._queue.put_nowait((response, error, final))
+
+    async def responses(self, future: asyncio.Future[Any]) -> AsyncIterator[InferResponse]:
+        finished = False
+        try:
+            while True:
+                response, error, final = await self._queue.get()
+                if error is not None:
+                    raise error
+                if response is None and final and self._empty_final:
+                    response = InferResponse(
+                        model_name=self._model.name,
+                        model_version=self._model.version_str,
+                        id=self._request.id,
+                        outputs=[],
+                    )
+                if response is not None:
+                    if self._mark_final:
+                        response.parameters["triton_final_response"] = final
+                    yield response
+                if final:
+                    finished = True
+                    return
+        finally:
+            if not finished and not future.done():
+                future.cancel()  # the caller left: a queued request leaves the queue

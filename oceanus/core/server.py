@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,8 +16,15 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus import __version__
+from oceanus.backends import set_server
 from oceanus.core import repository
-from oceanus.core.errors import InferenceServerError, invalid_arg, not_found, unavailable
+from oceanus.core.errors import (
+    InferenceServerError,
+    invalid_arg,
+    not_found,
+    unavailable,
+    unsupported,
+)
 from oceanus.core.model import ModelEntry, ModelState, ModelVersion
 from oceanus.core.model_manager import ModelManager
 from oceanus.core.types import InferRequest, InferResponse
@@ -24,6 +32,8 @@ from oceanus.core.types import InferRequest, InferResponse
 log = logging.getLogger("oceanus.core")
 
 SERVER_NAME = "oceanus"
+# Triton's refusal of a decoupled model on a one-response call; `caller` names the call.
+DECOUPLED_UNSUPPORTED = "{caller} doesn't support models with decoupled transaction policy"
 
 
 @dataclass
@@ -72,6 +82,8 @@ class ServerCore:
     async def start(self) -> None:
         """Load the models the control mode asks for (several at a time, off the loop)."""
         options = self.options
+        # Backends that call back into the server (Python models' BLS requests) reach it here.
+        set_server(self, asyncio.get_running_loop())
         folders = await self._run_blocking(repository.scan, options.repositories)
         if options.control_mode == "explicit":
             wanted = list(folders) if "*" in options.startup_models else options.startup_models
@@ -138,7 +150,7 @@ class ServerCore:
         if not self.options.strict_readiness:
             return True
         return all(
-            not entry.error and all(v.ready for v in entry.versions.values())
+            not entry.error and all(v.healthy() for v in entry.versions.values())
             for entry in self.models.values()
         )
 
@@ -172,9 +184,13 @@ class ServerCore:
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
-            return self.resolve(name, version).ready
+            return self.resolve(name, version).healthy()
         except InferenceServerError:
             return False
+
+    def is_decoupled(self, name: str, version: str = "") -> bool:
+        """Whether the model answers through infer_stream() (raises if it is unknown)."""
+        return self.resolve(name, version).decoupled
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         model_version = self.resolve(name, version)
@@ -187,11 +203,40 @@ class ServerCore:
 
     # ---- inference --------------------------------------------------------------------------
 
-    def infer(self, request: InferRequest) -> asyncio.Future[InferResponse]:
-        """Validate and queue a request (on the loop); await the returned future."""
+    def infer(
+        self, request: InferRequest, caller: str = "HTTP end point"
+    ) -> asyncio.Future[InferResponse]:
+        """Validate and queue a request (on the loop); await the returned future.
+
+        A decoupled model is refused (UNSUPPORTED) with Triton's text naming `caller`: the gRPC
+        frontend passes caller="ModelInfer RPC"."""
         if self._shutting_down:
             raise unavailable("Server is shutting down")
-        return self.resolve(request.model_name, request.model_version).infer(request)
+        model = self.resolve(request.model_name, request.model_version)
+        if model.decoupled:
+            raise unsupported(DECOUPLED_UNSUPPORTED.format(caller=caller))
+        return model.infer(request)
+
+    def infer_stream(
+        self,
+        request: InferRequest,
+        empty_final: bool | None = None,
+        mark_final: bool | None = None,
+    ) -> AsyncIterator[InferResponse]:
+        """Validate and queue a request (on the loop); iterate its responses.
+
+        For decoupled models (0..N responses per request); any other model yields its one
+        response. Validation errors raise here, an error response raises from the iteration,
+        and leaving the iteration early cancels the request (see ModelVersion.infer_stream).
+        `empty_final`: yield a final flag sent alone as an empty response (default: as the
+        request's `triton_enable_empty_final_response` parameter says); `mark_final`: set the
+        `triton_final_response` parameter on each response (default: the same)."""
+        if self._shutting_down:
+            raise unavailable("Server is shutting down")
+        model = self.resolve(request.model_name, request.model_version)
+        if model.decoupled:
+            return model.infer_stream(request, empty_final, mark_final)
+        return _one(model.infer(request))
 
     # ---- statistics and repository ------------------------------------------------------------
 
@@ -243,3 +288,11 @@ class ServerCore:
                     item["reason"] = version.reason
                 index.append(item)
         return index
+
+
+async def _one(future: asyncio.Future[InferResponse]) -> AsyncIterator[InferResponse]:
+    try:
+        yield await future
+    finally:
+        if not future.done():
+            future.cancel()

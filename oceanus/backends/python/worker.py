@@ -1,0 +1,483 @@
+"""The worker process of one Python model instance: `python -m oceanus.backends.python.worker FD`.
+
+FD is this end of a socketpair to the server. The first message is INIT (load model.py, call
+`initialize`, answer READY) or AUTOCOMPLETE (call `auto_complete_config`, answer, exit).
+
+Threads: the main thread runs the model (`execute`, then the next batch); a reader thread takes
+every message off the socket, queues batches for the main thread and completes BLS calls and
+cancellation queries, so a model blocked in `exec()` still gets its answer. `async def execute`
+runs on an asyncio loop in a third thread (created on first use), as in Triton. When the server
+goes away (end of file on the socket) the process exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import importlib.util
+import itertools
+import json
+import os
+import socket
+import sys
+import threading
+import traceback
+import types
+from collections.abc import Callable
+from typing import Any
+
+from oceanus.backends.python import transport as tp
+from oceanus.backends.python import utils as pb
+
+# The standby reader takes over reading after the socket went unread this long (the main thread
+# reads it whenever it waits for the next batch or for an answer).
+STANDBY_AFTER_S = 0.02
+
+
+def _format_exception(exc: BaseException) -> str:
+    """`<Type>: <message>` and the frames of the model's code, innermost first, as Triton's
+    stub prints them (`\n\nAt:\n  <file>(<line>): <function>\n`)."""
+    text = f"{type(exc).__name__}: {exc}"
+    frames = [
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if not _is_plumbing(frame.filename)
+    ]
+    if not frames:
+        return text
+    lines = [f"  {frame.filename}({frame.lineno}): {frame.name}" for frame in reversed(frames)]
+    return text + "\n\nAt:\n" + "\n".join(lines) + "\n"
+
+
+_PLUMBING = (
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,
+    os.path.dirname(asyncio.__file__) + os.sep,
+    os.path.dirname(concurrent.futures.__file__) + os.sep,
+    os.path.dirname(importlib.util.__file__) + os.sep,
+)
+
+
+def _is_plumbing(filename: str) -> bool:
+    """Frames of this worker, asyncio or the import system, which the model's author did not
+    write."""
+    return filename.startswith("<frozen") or os.path.abspath(filename).startswith(_PLUMBING)
+
+
+class Worker(pb._Runtime):
+    def __init__(self, channel: tp.Channel) -> None:
+        self.channel = channel
+        # Batches (and FINALIZE) for the main thread; read by whichever thread reads the socket.
+        self.inbox: collections.deque[Any] = collections.deque()
+        self.mailbox = tp.Mailbox(
+            channel, self._on_message, self._server_gone, standby_after_s=STANDBY_AFTER_S
+        )
+        self.model: Any = None
+        self.model_name = ""
+        self.instance_name = ""
+        self.model_version = -1
+        self.decoupled = False
+        self.writer: tp.RingWriter | None = None
+        self.reader: tp.RingReader | None = None
+        self._bls: dict[int, Any] = {}
+        self._queries: dict[int, concurrent.futures.Future[bool]] = {}
+        self._ids = itertools.count(1)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_lock = threading.Lock()
+        self._background: set[concurrent.futures.Future[Any]] = set()
+
+    # ---- messages from the server -----------------------------------------------------------
+
+    def _on_message(self, message: tuple[Any, ...]) -> None:
+        """Dispatch one message (called by the reading thread, under the mailbox's lock)."""
+        kind = message[0]
+        if kind == tp.BLS_RESPONSE:
+            self._on_bls_response(message)
+        elif kind == tp.QUERY_ANSWER:
+            future = self._queries.pop(message[1], None)
+            if future is not None:
+                future.set_result(bool(message[2]))
+        else:
+            self.inbox.append(message)
+
+    @staticmethod
+    def _server_gone() -> None:
+        os._exit(0)  # the server is gone: nothing left to serve
+
+    def _on_bls_response(self, message: tuple[Any, ...]) -> None:
+        _, bls_id, loc, payload, final = message
+        target = self._bls.get(bls_id)
+        response = self._response_from(loc, payload)
+        if isinstance(target, pb.ResponseIterator):
+            if response is not None:
+                target._put(response)
+            if final:
+                self._bls.pop(bls_id, None)
+                target._put(None)
+            return
+        self._bls.pop(bls_id, None)
+        if target is not None and not target.done():
+            target.set_result(response)
+
+    def _response_from(self, loc: Any, payload: Any) -> pb.InferenceResponse | None:
+        if payload is None:
+            return None
+        if payload[0] == "err":
+            _, code, message = payload
+            return pb.InferenceResponse(
+                error=pb.TritonError(message, pb.ERROR_CODES_BY_NAME.get(code, 1))
+            )
+        _, descs, parameters = payload
+        assert self.reader is not None
+        block, token = self.reader.open(loc) if loc is not None else (None, None)
+        try:
+            arrays = tp.unpack(block, descs, copy=True)
+        finally:
+            self.reader.release(token)
+        response = pb.InferenceResponse([pb.Tensor._wrap(n, d, a) for n, d, a in arrays])
+        response._parameters = parameters
+        return response
+
+    # ---- the runtime services of pb_utils --------------------------------------------------------
+
+    def send_response(self, key: int, response: pb.InferenceResponse | None, flags: int) -> None:
+        final = bool(flags & pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if response is None:
+            self.channel.send((tp.RESPONSE, key, None, None, final))
+            return
+        if response.has_error():
+            error = response.error()
+            assert error is not None
+            payload = ("err", pb.ERROR_CODE_NAMES.get(error.code(), "INTERNAL"), error.message())
+            self.channel.send((tp.RESPONSE, key, None, payload, final))
+            return
+        tensors = [(t.name(), t.datatype(), t.as_numpy()) for t in response.output_tensors()]
+        parameters = response.parameters()
+        assert self.writer is not None
+        self.channel.send_tensors(
+            self.writer,
+            [tensors],
+            lambda loc, descs: (tp.RESPONSE, key, loc, ("ok", descs[0], parameters), final),
+        )
+
+    def is_cancelled(self, key: int) -> bool:
+        query_id = next(self._ids)
+        future: concurrent.futures.Future[bool] = concurrent.futures.Future()
+        self._queries[query_id] = future
+        self.channel.send((tp.QUERY, query_id, key))
+        self.wait(future.done)
+        return future.result()
+
+    def wait(self, done: Callable[[], bool]) -> None:
+        self.mailbox.wait(done)
+
+    def poke(self) -> None:
+        self.mailbox.poke()
+
+    def bls(self, request: pb.InferenceRequest, decoupled: bool) -> concurrent.futures.Future[Any]:
+        bls_id = next(self._ids)
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        if decoupled:
+            iterator = pb.ResponseIterator()
+            self._bls[bls_id] = iterator
+            future.set_result(iterator)
+        else:
+            self._bls[bls_id] = future
+        tensors = [(t.name(), t.datatype(), t.as_numpy()) for t in request.inputs()]
+        head = (
+            tp.BLS,
+            bls_id,
+            request.model_name(),
+            int(request.model_version()),
+            request.request_id(),
+            request.correlation_id(),
+            int(request.flags()),
+            int(request.timeout()),
+            request.parameters(),
+            list(request.requested_output_names()),
+            bool(decoupled),
+        )
+        assert self.writer is not None
+        self.channel.send_tensors(self.writer, [tensors], lambda loc, descs: (*head, loc, descs[0]))
+        return future
+
+    def log(self, level: str, message: str) -> None:
+        self.channel.send((tp.LOG, level, message))
+
+    def model_ready(self, name: str, version: str) -> bool:
+        query_id = next(self._ids)
+        future: concurrent.futures.Future[bool] = concurrent.futures.Future()
+        self._queries[query_id] = future
+        self.channel.send((tp.QUERY, query_id, -1, name, version))
+        self.wait(future.done)
+        return future.result()
+
+    # ---- the model ----------------------------------------------------------------------------
+
+    def load(self, model_path: str) -> types.ModuleType:
+        folder = os.path.dirname(model_path)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        spec = importlib.util.spec_from_file_location("model", model_path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import {model_path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["model"] = module
+        spec.loader.exec_module(module)
+        return module
+
+    def initialize(self, message: tuple[Any, ...]) -> None:
+        _, model_path, args, decoupled, s2w, w2s, capacity, spill_prefix = message
+        self.model_name = args["model_name"]
+        self.instance_name = args["model_instance_name"]
+        self.model_version = int(args["model_version"])
+        self.decoupled = decoupled
+        self.reader = tp.RingReader(s2w, capacity)
+        self.writer = tp.RingWriter(w2s, capacity, spill_prefix)
+        try:
+            module = self.load(model_path)
+            model_class = getattr(module, "TritonPythonModel", None)
+            if model_class is None:
+                raise AttributeError(
+                    f"Python model {model_path} does not define class 'TritonPythonModel'"
+                )
+            self.model = model_class()
+            if not hasattr(self.model, "execute"):
+                raise AttributeError(
+                    f"Python model {model_path} does not implement `execute` method."
+                )
+            initialize = getattr(self.model, "initialize", None)
+            if initialize is not None:
+                result = initialize(args)
+                if asyncio.iscoroutine(result):
+                    self._await(result)
+        except BaseException as exc:
+            self.channel.send((tp.READY, _format_exception(exc)))
+            raise SystemExit(1) from None
+        self.channel.send((tp.READY, None))
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        with self._loop_lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="asyncio", daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+    def _run(self, coroutine: Any) -> concurrent.futures.Future[Any]:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._event_loop())
+
+    def _await(self, coroutine: Any) -> Any:
+        """Run a coroutine on the worker's loop and wait for it, reading messages meanwhile (the
+        coroutine may be waiting for a BLS response)."""
+        future = self._run(coroutine)
+        future.add_done_callback(lambda _: self.mailbox.poke())
+        self.mailbox.wait(future.done, wakeable=True)
+        return future.result()
+
+    def execute(self, message: tuple[Any, ...]) -> None:
+        _, batch_id, loc, entries = message
+        assert self.reader is not None and self.writer is not None
+        block, token = self.reader.open(loc) if loc is not None else (None, None)
+        # Decoupled models may keep requests after execute returns: they get copies.
+        copy = self.decoupled
+        requests = []
+        for key, request_id, correlation_id, flags, timeout, parameters, names, descs in entries:
+            inputs = [pb.Tensor._wrap(n, d, a) for n, d, a in tp.unpack(block, descs, copy)]
+            requests.append(
+                pb.InferenceRequest._received(
+                    key,
+                    request_id,
+                    correlation_id,
+                    flags,
+                    timeout,
+                    parameters,
+                    names,
+                    inputs,
+                    self.model_name,
+                    self.model_version,
+                    self.decoupled,
+                )
+            )
+        if copy:
+            self.reader.release(token)
+            token = None
+        try:
+            results = self._call_execute(requests)
+        except BaseException as exc:
+            text = (
+                f"Failed to process the request(s) for model '{self.instance_name}', message: "
+                + (str(exc) if isinstance(exc, _BackendError) else _format_exception(exc))
+            )
+            for request in requests:  # no response may follow the batch's error
+                request.get_response_sender()._close()
+            self.reader.release(token)
+            self.channel.send((tp.RESULT, batch_id, None, None, text))
+            return
+        groups: list[list[tp.TensorItem]] = []
+        payloads: list[Any] = []
+        for request, response in zip(requests, results, strict=True):
+            if response is None:
+                payloads.append(None)
+                groups.append([])
+            elif response.has_error():
+                error = response.error()
+                assert error is not None
+                code = pb.ERROR_CODE_NAMES.get(error.code(), "INTERNAL")
+                payloads.append(("err", code, error.message()))
+                groups.append([])
+            else:
+                wanted = set(request.requested_output_names())
+                groups.append(
+                    [
+                        (t.name(), t.datatype(), t.as_numpy())
+                        for t in response.output_tensors()
+                        if t.name() in wanted
+                    ]
+                )
+                payloads.append(("ok", None, response.parameters()))
+        reader = self.reader
+
+        def build(loc: Any, descs: list[list[tp.TensorDesc]]) -> tuple[Any, ...]:
+            out = [
+                payload if payload is None or payload[0] != "ok" else ("ok", group, payload[2])
+                for payload, group in zip(payloads, descs, strict=True)
+            ]
+            return (tp.RESULT, batch_id, loc, out, None)
+
+        self.channel.send_tensors(self.writer, groups, build, lambda: reader.release(token))
+
+    def _call_execute(
+        self, requests: list[pb.InferenceRequest]
+    ) -> list[pb.InferenceResponse | None]:
+        returned = self.model.execute(requests)
+        if asyncio.iscoroutine(returned):
+            if self.decoupled:
+                future = self._run(returned)
+                self._background.add(future)
+                future.add_done_callback(lambda f: self._background_done(f, requests))
+                return [None] * len(requests)
+            returned = self._await(returned)
+        if self.decoupled:
+            if returned is not None:
+                raise _BackendError(
+                    f"Python model '{self.instance_name}' is using the decoupled mode and the "
+                    "execute function must return None."
+                )
+            return [None] * len(requests)
+        if returned is None:
+            # Responses went (or go) through the response senders, one per request; a request
+            # whose sender was never asked for gets no response (the server says so).
+            senders = [r._sender for r in requests if r._sender is not None]
+            self.mailbox.wait(
+                lambda: all(sender.done.is_set() for sender in senders), wakeable=True
+            )
+            return [None] * len(requests)
+        if not isinstance(returned, list):
+            raise _BackendError(
+                f"Expected a list in the execute return, found type '{type(returned)}'."
+            )
+        if len(returned) != len(requests):
+            raise _BackendError(
+                "Number of InferenceResponse objects do not match the number of "
+                f"InferenceRequest objects. InferenceRequest(s) size is:{len(requests)}, and "
+                f"InferenceResponse(s) size is:{len(returned)}\n"
+            )
+        for response in returned:
+            if not isinstance(response, pb.InferenceResponse):
+                raise _BackendError(
+                    "Expected an 'InferenceResponse' object in the execute function return "
+                    f"list, found type '{type(response)}'."
+                )
+        return returned
+
+    def _background_done(
+        self, future: concurrent.futures.Future[Any], requests: list[pb.InferenceRequest]
+    ) -> None:
+        self._background.discard(future)
+        exc = future.exception()
+        if exc is None:
+            return
+        text = _format_exception(exc)
+        self.log("ERROR", text)
+        # Close the requests the model left open, so their clients are not kept waiting.
+        for request in requests:
+            sender = request.get_response_sender()
+            if not sender.closed:
+                with contextlib.suppress(pb.TritonModelException):
+                    sender.send(
+                        pb.InferenceResponse(error=pb.TritonError(text)),
+                        pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                    )
+
+    def finalize(self) -> None:
+        finalize = getattr(self.model, "finalize", None)
+        if finalize is not None:
+            try:
+                result = finalize()
+                if asyncio.iscoroutine(result):
+                    self._await(result)
+            except BaseException as exc:
+                self.log("ERROR", f"finalize failed: {_format_exception(exc)}")
+        self.channel.send((tp.FINALIZED,))
+
+    def serve(self) -> None:
+        inbox = self.inbox
+        while True:
+            self.mailbox.wait(lambda: bool(inbox))
+            message = inbox.popleft()
+            kind = message[0]
+            if kind == tp.EXEC:
+                self.execute(message)
+            elif kind == tp.FINALIZE:
+                self.finalize()
+                return
+
+
+class _BackendError(Exception):
+    """A rule of the backend was broken (the message is Triton's, without a traceback)."""
+
+
+def autocomplete(channel: tp.Channel, message: tuple[Any, ...]) -> None:
+    _, model_path, config_json = message
+    worker = Worker(channel)
+    try:
+        module = worker.load(model_path)
+        model_class = getattr(module, "TritonPythonModel", None)
+        function = getattr(model_class, "auto_complete_config", None)
+        if function is None:
+            channel.send((tp.READY, None, config_json))
+            return
+        config = pb.ModelConfig(config_json)
+        returned = function(config)
+        if isinstance(returned, pb.ModelConfig):
+            config = returned
+        channel.send((tp.READY, None, json.dumps(config.as_dict())))
+    except BaseException as exc:
+        channel.send((tp.READY, _format_exception(exc), ""))
+
+
+def main() -> None:
+    fd = int(sys.argv[1])
+    sock = socket.socket(fileno=fd)
+    sock.set_inheritable(False)
+    channel = tp.Channel(sock)
+    # model.py files import this name; inside a worker it is the real implementation.
+    sys.modules.setdefault("triton_python_backend_utils", pb)
+    message = channel.recv()
+    if message[0] == tp.AUTOCOMPLETE:
+        autocomplete(channel, message)
+        return
+    worker = Worker(channel)
+    pb._set_runtime(worker)
+    worker.initialize(message)
+    threading.Thread(target=worker.mailbox.standby, name="standby-reader", daemon=True).start()
+    worker.serve()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

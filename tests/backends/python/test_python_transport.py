@@ -1,0 +1,122 @@
+"""The shared-memory rings and the control channel, in one process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from oceanus.backends.python import transport as tp
+
+
+@pytest.fixture
+def ring(tmp_path: Path) -> tuple[tp.RingWriter, tp.RingReader, Path]:
+    path = tmp_path / "ring"
+    tp.create_ring_file(str(path), 4096)
+    return (
+        tp.RingWriter(str(path), 4096, str(tmp_path / "spill-")),
+        tp.RingReader(str(path), 4096),
+        tmp_path,
+    )
+
+
+def round_trip(
+    writer: tp.RingWriter, reader: tp.RingReader, items: list[tp.TensorItem], copy: bool = True
+) -> tuple[list[tp.TensorItem], tp.Location | None]:
+    loc, descs = tp.pack(writer, [items])
+    block, token = reader.open(loc) if loc is not None else (None, None)
+    arrays = tp.unpack(block, descs[0], copy=copy)
+    reader.release(token)
+    return arrays, loc
+
+
+def test_every_datatype_round_trips(ring: tuple[tp.RingWriter, tp.RingReader, Path]) -> None:
+    writer, reader, _ = ring
+    items: list[tp.TensorItem] = [
+        ("b", "BOOL", np.array([True, False])),
+        ("u8", "UINT8", np.arange(5, dtype=np.uint8)),
+        ("i64", "INT64", np.array([[2**62, -1]], dtype=np.int64)),
+        ("f16", "FP16", np.array([0.5], dtype=np.float16)),
+        ("f64", "FP64", np.arange(6, dtype=np.float64).reshape(2, 3)[:, ::2]),  # not contiguous
+        ("s", "BYTES", np.array([[b"a", b""], [b"\x00\xff", "é".encode()]], dtype=object)),
+        ("empty", "FP32", np.zeros((0, 3), dtype=np.float32)),
+    ]
+    arrays, loc = round_trip(writer, reader, items)
+    assert loc is not None and loc[0] == "r"
+    for (name, datatype, sent), (got_name, got_type, got) in zip(items, arrays, strict=True):
+        assert (name, datatype) == (got_name, got_type)
+        assert got.shape == sent.shape
+        assert got.tolist() == sent.tolist()
+
+
+def test_ring_wraps_and_reuses_space(ring: tuple[tp.RingWriter, tp.RingReader, Path]) -> None:
+    writer, reader, tmp = ring
+    for i in range(200):  # far more than 4 KiB in total
+        array = np.full(100 + i % 7, i, dtype=np.int32)
+        arrays, loc = round_trip(writer, reader, [("x", "INT32", array)])
+        assert loc is not None and loc[0] == "r"
+        assert arrays[0][2].tolist() == array.tolist()
+    assert not list(tmp.glob("spill-*"))
+
+
+def test_unreleased_block_is_never_overwritten(
+    ring: tuple[tp.RingWriter, tp.RingReader, Path],
+) -> None:
+    writer, reader, tmp = ring
+    held = np.arange(256, dtype=np.int32)  # 1 KiB, kept as a view
+    loc, descs = tp.pack(writer, [[("held", "INT32", held)]])
+    assert loc is not None
+    block, held_token = reader.open(loc)
+    view = tp.unpack(block, descs[0], copy=False)[0][2]
+    for i in range(20):  # later blocks come and go; some must spill around the held one
+        arrays, _ = round_trip(writer, reader, [("x", "INT32", np.full(200, i, dtype=np.int32))])
+        assert arrays[0][2].tolist() == [i] * 200
+        assert view.tolist() == held.tolist()
+    reader.release(held_token)
+    assert not list(tmp.glob("spill-*"))  # spilled files are unlinked by the reader
+
+
+def test_large_message_spills_to_a_one_off_file(
+    ring: tuple[tp.RingWriter, tp.RingReader, Path],
+) -> None:
+    writer, reader, tmp = ring
+    big = np.arange(10_000, dtype=np.float64)
+    arrays, loc = round_trip(writer, reader, [("big", "FP64", big)])
+    assert loc is not None and loc[0] == "f"
+    assert arrays[0][2].tolist() == big.tolist()
+    assert not list(tmp.glob("spill-*"))
+
+
+def test_channel_frames_messages_across_threads() -> None:
+    left, right = socket.socketpair()
+    sender, receiver = tp.Channel(left), tp.Channel(right)
+    messages = [("m", i, "x" * (i * 97 % 5000), [1, 2.5, None, b"\x00"]) for i in range(300)]
+
+    def send_all(part: list[tuple[object, ...]]) -> None:
+        for message in part:
+            sender.send(message)
+
+    threads = [threading.Thread(target=send_all, args=(messages[i::3],)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    got = [receiver.recv() for _ in messages]
+    for thread in threads:
+        thread.join()
+    assert sorted(got, key=lambda m: m[1]) == messages
+    sender.close()
+    with pytest.raises(EOFError):
+        receiver.recv()
+    receiver.close()
+
+
+def test_numpy_dtypes() -> None:
+    assert tp.numpy_dtype("FP32") == np.dtype(np.float32)
+    assert tp.numpy_dtype("BYTES") == np.dtype(object)
+    assert tp.numpy_dtype("BF16").itemsize == 2
+    with pytest.raises(ValueError):
+        tp.numpy_dtype("FP8")
+    assert os.path.isdir(tp.shm_dir())
