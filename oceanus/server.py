@@ -137,8 +137,6 @@ class Server:
         if self._http is not None:
             await self._http.stop(self.settings.exit_timeout_secs)
 
-
-
     async def _start_grpc(self, core: ServerCore) -> None:
         settings = self.settings
         options = GrpcOptions(
@@ -162,7 +160,7 @@ class Server:
             server_key=settings.grpc_server_key,
             root_cert=settings.grpc_root_cert,
         )
-        self._grpc = GrpcFrontend(core, options)
+        self._grpc = GrpcFrontend(core, options, settings.log)
         try:
             await self._grpc.start()
         except OSError as exc:
@@ -175,7 +173,6 @@ class Server:
             return
         await self._grpc.stop(self.settings.exit_timeout_secs)
         self._grpc = None
-
 
     async def _start_metrics(self, core: ServerCore) -> None:
         settings = self.settings

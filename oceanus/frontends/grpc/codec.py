@@ -400,9 +400,11 @@ def encode_infer_response(response: InferResponse) -> bytes:
     return b"".join(_response_parts(response))
 
 
-def encode_stream_response(response: InferResponse) -> bytes:
-    """A serialized ModelStreamInferResponse carrying a successful response."""
-    parts = _response_parts(response, FINAL_RESPONSE_PARAMETER)
+def encode_stream_response(response: InferResponse, marked: bool = False) -> bytes:
+    """A serialized ModelStreamInferResponse carrying a successful response: the one and final
+    response of its request, unless `marked` (a decoupled model's response whose parameters
+    already say whether it is the final one)."""
+    parts = _response_parts(response, b"" if marked else FINAL_RESPONSE_PARAMETER)
     size = sum(len(p) for p in parts)
     return b"".join([_STREAM_RESPONSE_TAG, _varint(size), *parts])
 

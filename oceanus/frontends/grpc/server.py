@@ -11,6 +11,7 @@ import grpc
 from oceanus.core.server import ServerCore
 from oceanus.frontends.grpc import health
 from oceanus.frontends.grpc.service import SERVICE_NAME, GrpcService
+from oceanus.logs import LogSettings
 
 log = logging.getLogger("oceanus.grpc")
 
@@ -84,10 +85,12 @@ class GrpcOptions:
 class GrpcFrontend:
     """Owns the grpc.aio server; `start()` and `stop()` run on the server's event loop."""
 
-    def __init__(self, core: ServerCore, options: GrpcOptions) -> None:
+    def __init__(
+        self, core: ServerCore, options: GrpcOptions, log_settings: LogSettings | None = None
+    ) -> None:
         self.core = core
         self.options = options
-        self.service = GrpcService(core, options.restricted)
+        self.service = GrpcService(core, options.restricted, log_settings)
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:

@@ -26,8 +26,16 @@ from oceanus.core.errors import (
     unsupported,
 )
 from oceanus.core.server import ServerCore
+from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.grpc import codec, health
 from oceanus.frontends.grpc.errors import grpc_status
+from oceanus.frontends.log_settings import (
+    BadLogSetting,
+    apply_log_settings,
+    log_settings_document,
+    updated_log_settings,
+)
+from oceanus.logs import LogSettings
 
 log = logging.getLogger("oceanus.grpc")
 
@@ -39,6 +47,15 @@ CLIENT_SHM_DISABLED = (
 )
 NO_TRACE = "the server does not support trace"
 NO_LOGGING = "the server does not support dynamic logging"
+# LogSettings keys, the SettingValue field each must use, and Triton's word for it in errors.
+_LOG_SETTING_KINDS = (
+    ("log_file", "string_param", "string"),
+    ("log_info", "bool_param", "boolean"),
+    ("log_warning", "bool_param", "boolean"),
+    ("log_error", "bool_param", "boolean"),
+    ("log_verbose_level", "uint32_param", "int32"),
+    ("log_format", "string_param", "string"),
+)
 NO_REPOSITORY_NAME = "'repository_name' specification is not supported"
 
 # grpc.aio.ServicerContext (grpcio ships no type information)
@@ -52,6 +69,26 @@ def _failure(exc: Exception, what: str) -> tuple[grpc.StatusCode, str]:
         return grpc_status(exc.code), exc.message
     log.exception("unexpected error serving %s", what)
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+
+
+async def _relay(
+    request: InferRequest,
+    responses: AsyncIterator[InferResponse],
+    outbox: asyncio.Queue[bytes | None],
+) -> None:
+    """A decoupled model's responses to one stream request, in order; an error ends them."""
+    try:
+        async for response in responses:
+            outbox.put_nowait(codec.encode_stream_response(response, marked=True))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        _, text = _failure(exc, "ModelStreamInfer")
+        outbox.put_nowait(
+            codec.encode_stream_error(
+                text, request.id, request.model_name, request.model_version, final=True
+            )
+        )
 
 
 def _unary(name: str, body: Callable[[Any], Any]) -> Unary:
@@ -74,10 +111,14 @@ class GrpcService:
     """The RPC handlers; `method_handlers()` registers them with a grpc.aio server."""
 
     def __init__(
-        self, core: ServerCore, restrictions: dict[str, tuple[str, str]] | None = None
+        self,
+        core: ServerCore,
+        restrictions: dict[str, tuple[str, str]] | None = None,
+        log_settings: LogSettings | None = None,
     ) -> None:
         self.core = core
         self.restrictions = restrictions or {}
+        self.log_settings = log_settings  # the server's live settings; None: LogSettings is off
 
     # ---- health and metadata ----------------------------------------------------------------
 
@@ -194,8 +235,34 @@ class GrpcService:
     def trace_setting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
         raise unavailable(NO_TRACE)
 
-    def log_settings(self, request: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
-        raise unavailable(NO_LOGGING)
+    def log_settings_rpc(self, request: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
+        """LogSettings: Triton's logging extension, sharing its rules with `/v2/logging`."""
+        if self.log_settings is None:
+            raise unavailable(NO_LOGGING)
+        changes: dict[str, Any] = {}
+        for key, kind, what in _LOG_SETTING_KINDS:
+            if key in request.settings:
+                value = request.settings[key]
+                if key == "log_file":  # Triton refuses it whatever its type
+                    raise unsupported(
+                        "log file location can not be updated through network protocol"
+                    )
+                if value.WhichOneof("parameter_choice") != kind:
+                    raise invalid_arg(f"expect {what} for '{key}'")
+                changes[key] = getattr(value, kind)
+        log_format = changes.get("log_format")
+        if log_format is not None and log_format not in ("default", "ISO8601"):
+            raise invalid_arg(f"invalid argument for log_format, got: {log_format}")
+        try:
+            new = updated_log_settings(self.log_settings, changes)
+        except BadLogSetting as exc:  # unreachable after the checks above; kept for safety
+            raise invalid_arg(exc.message) from None
+        apply_log_settings(self.log_settings, new)
+        response = pb.LogSettingsResponse()
+        for key, current in log_settings_document(self.log_settings).items():
+            kind = next(k for name, k, _ in _LOG_SETTING_KINDS if name == key)
+            setattr(response.settings[key], kind, current)
+        return response
 
     # ---- inference --------------------------------------------------------------------------
 
@@ -206,7 +273,7 @@ class GrpcService:
         request still queued leaves the queue.
         """
         try:
-            response = await self.core.infer(codec.decode(data))
+            response = await self.core.infer(codec.decode(data), caller="ModelInfer RPC")
             return codec.encode_infer_response(response)
         except Exception as exc:
             code, message = _failure(exc, "ModelInfer")
@@ -240,6 +307,13 @@ class GrpcService:
             message, raw = codec.parse_infer_request(data)
             request_id = message.id
             request = codec.decode_infer_request(message, raw)
+            if self.core.is_decoupled(request.model_name, request.model_version):
+                # 0..N responses, each marked with triton_final_response as Triton marks them
+                responses = self.core.infer_stream(request, mark_final=True)
+                task = asyncio.ensure_future(_relay(request, responses, outbox))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+                return
             future = self.core.infer(request)
         except Exception as exc:
             _, text = _failure(exc, "ModelStreamInfer")
@@ -344,7 +418,7 @@ class GrpcService:
                 pb.CudaSharedMemoryUnregisterRequest,
             ),
             ("TraceSetting", "trace", self.trace_setting, pb.TraceSettingRequest),
-            ("LogSettings", "logging", self.log_settings, pb.LogSettingsRequest),
+            ("LogSettings", "logging", self.log_settings_rpc, pb.LogSettingsRequest),
         ]
         handlers: dict[str, grpc.RpcMethodHandler] = {}
         for method, category, body, request_type in unary:

@@ -155,15 +155,51 @@ def test_shared_memory_is_off(grpc_client: grpcclient.InferenceServerClient) -> 
         assert grpc_error(call) == ("UNIMPLEMENTED", CLIENT_SHM_DISABLED)
 
 
-def test_trace_and_log_settings_are_off(grpc_client: grpcclient.InferenceServerClient) -> None:
+def test_trace_settings_are_off(grpc_client: grpcclient.InferenceServerClient) -> None:
     assert grpc_error(grpc_client.get_trace_settings) == (
         "UNAVAILABLE",
         "the server does not support trace",
     )
-    assert grpc_error(grpc_client.get_log_settings) == (
-        "UNAVAILABLE",
-        "the server does not support dynamic logging",
-    )
+
+
+def test_log_settings_are_shared_with_http(
+    server: Any, grpc_client: grpcclient.InferenceServerClient
+) -> None:
+    settings = grpc_client.get_log_settings(as_json=True)["settings"]
+    assert settings["log_verbose_level"] == {"uint32_param": 0}
+    assert settings["log_format"] == {"string_param": "default"}
+    assert set(settings) == {
+        "log_file",
+        "log_info",
+        "log_warning",
+        "log_error",
+        "log_verbose_level",
+        "log_format",
+    }
+    try:
+        changed = grpc_client.update_log_settings(
+            {"log_verbose_level": 1, "log_format": "ISO8601"}, as_json=True
+        )["settings"]
+        assert changed["log_verbose_level"] == {"uint32_param": 1}
+        status, body = http_get(server, "/v2/logging")
+        assert status == 200
+        assert (body["log_verbose_level"], body["log_format"]) == (1, "ISO8601")
+        # Triton's errors; a refused request changes nothing
+        assert grpc_error(lambda: grpc_client.update_log_settings({"log_info": None})) == (
+            "INVALID_ARGUMENT",
+            "expect boolean for 'log_info'",
+        )
+        assert grpc_error(lambda: grpc_client.update_log_settings({"log_format": "json"})) == (
+            "INVALID_ARGUMENT",
+            "invalid argument for log_format, got: json",
+        )
+        assert grpc_error(lambda: grpc_client.update_log_settings({"log_file": "x.log"})) == (
+            "UNIMPLEMENTED",
+            "log file location can not be updated through network protocol",
+        )
+        assert http_get(server, "/v2/logging")[1]["log_format"] == "ISO8601"
+    finally:
+        grpc_client.update_log_settings({"log_verbose_level": 0, "log_format": "default"})
 
 
 def test_errors_match_http(server: Any, grpc_client: grpcclient.InferenceServerClient) -> None:
