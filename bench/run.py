@@ -1,0 +1,739 @@
+"""Oceanus benchmark (issue #3): in-process limit vs Oceanus under load vs a naive FastAPI server.
+
+    python bench/run.py [--quick] [--models resnet50_onnx,text_classifier_onnx,simple,simple_dyna]
+                        [--skip latency,naive,...] [--repeat N]
+
+Phases, per model, measured side by side (one model's three phases run back to back, so machine
+noise hits them alike):
+
+1. in-process ONNX Runtime throughput at batch 1, 8, 16, 32, 64 (<= max_batch_size), with the
+   server's session options and with ONNX Runtime's defaults (bench/inproc.py);
+2. Oceanus under N concurrent single-sample clients, HTTP + binary tensors, driven by
+   perf_analyzer (bench/perf.py) or, without it, bench/loadgen.py; mean executed batch size from
+   /v2/models/<m>/stats deltas;
+3. bench/naive_server.py (FastAPI, JSON, one request at a time) under bench/loadgen.py;
+
+then single-request latency and start-up time (bench/latency.py), ratios and the issue's
+targets. Prints tables; writes bench/results/<timestamp>.json (and server logs next to it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import benchlib
+import inproc
+import latency
+import loadgen
+import perf
+
+ALL_MODELS = ["simple", "simple_dyna", "text_classifier_onnx", "resnet50_onnx"]
+NAIVE_MODELS = {"resnet50_onnx", "text_classifier_onnx", "simple"}
+# Models whose throughput target is relative to the in-process limit.
+TARGET_MODELS = {"resnet50_onnx", "text_classifier_onnx"}
+# Same ONNX file: the in-process limit and the naive server are measured once, for `simple`.
+SAME_FILE = {"simple_dyna": "simple"}
+PHASES = ("inproc", "oceanus", "naive", "grpc", "latency", "startup")
+
+
+def plan(model: str, quick: bool) -> dict[str, Any]:
+    """Batch sizes, concurrency levels and window lengths per model (full / --quick)."""
+    small = model in ("simple", "simple_dyna")
+    resnet = model == "resnet50_onnx"
+    if quick:
+        return {
+            # ResNet-50 is compute-bound at any batch size on CPU: two points are enough.
+            "batches": [1, 8] if resnet or small else [1, 8, 16],
+            "inproc_s": 1.5 if resnet else 1.0,
+            "levels": [1, 16] if small else [1, 32],
+            "pa_window_ms": 2500 if resnet else (2000 if not small else 1500),
+            "naive_levels": [16] if small else [32],
+            "naive_window_s": 5.0 if resnet else (3.0 if not small else 2.0),
+            "naive_warmup_s": 2.0 if resnet else 1.0,
+            "naive_max_warmup_s": 10.0,
+        }
+    return {
+        "batches": [1, 8, 16, 32, 64],
+        "inproc_s": 3.0 if resnet else 2.0,
+        "levels": [1, 8, 16, 32, 64] if small else [1, 8, 32, 64],
+        "pa_window_ms": 4000 if resnet else (3000 if not small else 2000),
+        "naive_levels": [1, 8, 16, 32, 64] if small else [1, 8, 32, 64],
+        "naive_window_s": 8.0 if resnet else (5.0 if not small else 3.0),
+        "naive_warmup_s": 2.0 if resnet else 1.0,
+        "naive_max_warmup_s": 20.0,
+    }
+
+
+class Log:
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        print(f"[{time.perf_counter() - self.started:6.1f}s] {message}", flush=True)
+
+
+def window_for(level: int, base_ms: int, cap_ms: int, expected_per_s: float | None) -> int:
+    """A window long enough for every client to get about one answer (closed loop: a cycle takes
+    level / throughput seconds), so that the windows are not all ramp-up on a slow machine."""
+    if not expected_per_s:
+        return base_ms
+    return int(min(cap_ms, max(base_ms, 1000 * level / expected_per_s)))
+
+
+def oceanus_levels(
+    server: benchlib.Server,
+    model: benchlib.ModelInfo,
+    levels: list[int],
+    window_ms: int,
+    pa: tuple[Path, dict[str, str]] | None,
+    work_dir: Path,
+    log: Log,
+    protocol: str = "http",
+    stability: int = perf.RELAXED,
+    expected_per_s: float | None = None,
+    window_cap_ms: int = 12000,
+) -> list[dict[str, Any]]:
+    rows = []
+    input_file = benchlib.perf_analyzer_input_file(model, work_dir / f"{model.name}-pa-data.json")
+    url_bodies = None
+    for level in levels:
+        before = benchlib.model_stats(server.http_url, model.name)
+        if pa is not None:
+            url = server.http_url if protocol == "http" else server.grpc_url
+            assert url is not None
+            row = perf.run_level(
+                pa[0],
+                pa[1],
+                model.name,
+                url,
+                level,
+                protocol=protocol,
+                window_ms=window_for(level, window_ms, window_cap_ms, expected_per_s),
+                stability=stability,
+                input_data=input_file,
+            )
+            row["loadgen"] = "perf_analyzer"
+        else:
+            if url_bodies is None:
+                url_bodies = loadgen.build_requests(model, "kserve", f"http://{server.http_url}")
+            seconds = max(2.0, 3 * window_ms / 1000)
+            row = loadgen.run_level(url_bodies[0], url_bodies[1], level, seconds, warmup=1.0)
+            row["loadgen"] = "bench/loadgen.py (kserve binary)"
+        after = benchlib.model_stats(server.http_url, model.name)
+        inferences = after["inference_count"] - before["inference_count"]
+        executions = after["execution_count"] - before["execution_count"]
+        row.update(
+            model=model.name,
+            concurrency=level,
+            protocol=protocol,
+            stats_inference_count=inferences,
+            stats_execution_count=executions,
+            mean_batch=inferences / executions if executions else None,
+        )
+        rows.append(row)
+        if row.get("throughput") is not None:
+            log(
+                f"  oceanus {protocol} {model.name} c={level}: {row['throughput']:.1f} infer/s, "
+                f"p50 {benchlib.fmt_num(row.get('p50_ms'))} ms, p99 "
+                f"{benchlib.fmt_num(row.get('p99_ms'))} ms, mean batch "
+                f"{benchlib.fmt_num(row['mean_batch'], 2)}, window spread x"
+                f"{benchlib.fmt_num(row.get('spread'), 2)}"
+                + (" (unstable: -s relaxed)" if row.get("stable") is False else "")
+            )
+        else:
+            log(
+                f"  oceanus {protocol} {model.name} c={level}: FAILED rc={row.get('rc')}: "
+                f"{row.get('error', '')[:400]}"
+            )
+    return rows
+
+
+def naive_levels(
+    model: benchlib.ModelInfo, plan_: dict[str, Any], log_dir: Path, mode: str, log: Log
+) -> list[dict[str, Any]]:
+    """bench/loadgen.py (JSON) against bench/naive_server.py, level by level. Requests still in
+    flight after a level's window are awaited briefly; if some remain (a deep single queue), the
+    naive server is restarted so the next level starts from an idle server."""
+    rows = []
+    levels = list(plan_["naive_levels"])
+    window = plan_["naive_window_s"]
+    while levels:
+        with benchlib.naive_server(model.path, log_dir, mode=mode) as server:
+            url, bodies = loadgen.build_requests(model, "json", f"http://{server.http_url}")
+            while levels:
+                level = levels.pop(0)
+                row = loadgen.run_level(
+                    url,
+                    bodies,
+                    level,
+                    window,
+                    plan_["naive_warmup_s"],
+                    drain_timeout=5.0 if levels else 0.0,
+                    max_warmup=plan_["naive_max_warmup_s"],
+                    min_completions=min(level, 16),
+                    max_window=3 * window,
+                )
+                row.update(model=model.name, mode=mode, body_bytes=len(bodies[0][0]))
+                rows.append(row)
+                log(
+                    f"  naive {model.name} c={level}: {row['throughput']:.1f} req/s, p50 "
+                    f"{benchlib.fmt_num(row['p50_ms'])} ms, p99 "
+                    f"{benchlib.fmt_num(row['p99_ms'])} ms ({row['completed']} in "
+                    f"{row['window_s']:.1f} s after {row['warmup_s']:.1f} s warm-up"
+                    + (", warm-up capped" if row["warmup_capped"] else "")
+                    + ")"
+                    + (
+                        f", {row['errors']} errors: {row['first_errors'][:1]}"
+                        if row["errors"]
+                        else ""
+                    )
+                )
+                if row["undrained"] and levels:
+                    break  # restart the server: its queue still holds abandoned requests
+    return rows
+
+
+def _median_rows(
+    rows: list[dict[str, Any]], keys: tuple[str, ...], fields: tuple[str, ...]
+) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """Group rows by *keys* (over repeats) and take the median of each numeric *field*."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row.get(k) for k in keys), []).append(row)
+    out = {}
+    for key, members in groups.items():
+        merged: dict[str, Any] = {"n": len(members)}
+        for field in fields:
+            values = [m[field] for m in members if isinstance(m.get(field), (int, float))]
+            merged[field] = benchlib.median(values) if values else None
+        out[key] = merged
+    return out
+
+
+def summarize(results: dict[str, Any]) -> dict[str, Any]:
+    """Medians over repeats, limits, ratios and the issue's targets."""
+    inproc_m = _median_rows(results["inproc"], ("model", "options", "batch"), ("samples_per_s",))
+    oceanus_m = _median_rows(
+        [r for r in results["oceanus"] if r.get("protocol") == "http"],
+        ("model", "concurrency"),
+        ("throughput", "p50_ms", "p95_ms", "p99_ms", "mean_batch"),
+    )
+    grpc_m = _median_rows(
+        [r for r in results["oceanus"] if r.get("protocol") == "grpc"],
+        ("model", "concurrency"),
+        ("throughput", "p50_ms", "p95_ms", "p99_ms", "mean_batch"),
+    )
+    naive_m = _median_rows(
+        results["naive"], ("model", "concurrency"), ("throughput", "p50_ms", "p95_ms", "p99_ms")
+    )
+    limits: dict[str, Any] = {}
+    for (model, options, batch), row in inproc_m.items():
+        value = row["samples_per_s"]
+        if value is None:  # skipped (too slow right now)
+            continue
+        entry = limits.setdefault(model, {})
+        best = entry.get(options)
+        if best is None or value > best["samples_per_s"]:
+            entry[options] = {"samples_per_s": value, "batch": batch}
+    for entry in limits.values():
+        overall = max(entry.values(), key=lambda e: e["samples_per_s"])
+        entry["limit"] = dict(overall, options=next(k for k, v in entry.items() if v is overall))
+    # The recheck (same options and batch, measured after the Oceanus levels): the limit used
+    # for the ratios is the mean of the sweep's best and the recheck (medians over repeats).
+    recheck = _median_rows(results.get("inproc_recheck", []), ("model",), ("samples_per_s",))
+    for (model,), row in recheck.items():
+        entry = limits.get(model)
+        if entry and row["samples_per_s"]:
+            sweep = entry["limit"]["samples_per_s"]
+            entry["limit"]["sweep_samples_per_s"] = sweep
+            entry["limit"]["recheck_samples_per_s"] = row["samples_per_s"]
+            entry["limit"]["samples_per_s"] = (sweep + row["samples_per_s"]) / 2
+    rows = []
+    for (model, level), row in sorted(oceanus_m.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        base_model = SAME_FILE.get(model, model)
+        limit = limits.get(base_model, {}).get("limit")
+        naive = naive_m.get((base_model, level))
+        rows.append(
+            {
+                "model": model,
+                "concurrency": level,
+                **{k: row[k] for k in ("throughput", "p50_ms", "p95_ms", "p99_ms", "mean_batch")},
+                "limit": limit["samples_per_s"] if limit else None,
+                "limit_batch": limit["batch"] if limit else None,
+                "vs_limit": row["throughput"] / limit["samples_per_s"]
+                if limit and row["throughput"]
+                else None,
+                "naive": naive["throughput"] if naive else None,
+                "naive_p50_ms": naive["p50_ms"] if naive else None,
+                "vs_naive": row["throughput"] / naive["throughput"]
+                if naive and naive["throughput"] and row["throughput"]
+                else None,
+                "repeats": row["n"],
+            }
+        )
+    summary: dict[str, Any] = {
+        "limits": limits,
+        "oceanus_http": rows,
+        "oceanus_grpc": [
+            {"model": m, "concurrency": c, **v} for (m, c), v in sorted(grpc_m.items())
+        ],
+        "naive": [{"model": m, "concurrency": c, **v} for (m, c), v in sorted(naive_m.items())],
+    }
+    summary["targets"] = targets(rows, results.get("latency", {}))
+    return summary
+
+
+def _find(rows: list[dict[str, Any]], model: str, level: int) -> dict[str, Any] | None:
+    return next((r for r in rows if r["model"] == model and r["concurrency"] == level), None)
+
+
+def targets(rows: list[dict[str, Any]], lat: dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    fmt = benchlib.fmt_num
+
+    def add(
+        name: str,
+        value: float | None,
+        goal: float,
+        unit: str,
+        higher: bool = True,
+        extra: str = "",
+        also: tuple[bool, str] | None = None,
+    ) -> None:
+        """*also*: a second condition (ok, what failed) that must hold too."""
+        if value is None:
+            out.append({"target": name, "status": "not measured", "note": extra})
+            return
+        met = value >= goal if higher else value < goal
+        if met:
+            status = "met"
+        elif higher:
+            status = (
+                f"missed by {100 * (1 - value / goal):.0f}% (needs x{goal / value:.2f})"
+                if value > 0
+                else "missed (0)"
+            )
+        else:
+            status = f"missed by {value - goal:.3g} {unit}"
+        if also is not None and not also[0]:
+            status = f"missed: {also[1]}" if met else f"{status}; also {also[1]}"
+        out.append(
+            {
+                "target": name,
+                "value": round(value, 4),
+                "goal": goal,
+                "unit": unit,
+                "status": status,
+                "note": extra,
+            }
+        )
+
+    for model in ("resnet50_onnx", "text_classifier_onnx"):
+        row = _find(rows, model, 32) or {}
+        add(
+            f"{model} c=32 >= 0.9 x in-process limit",
+            row.get("vs_limit"),
+            0.9,
+            "x limit",
+            extra=f"{fmt(row.get('throughput'))}/s vs limit {fmt(row.get('limit'))}/s "
+            f"(batch {row.get('limit_batch')})"
+            if row
+            else "",
+        )
+    row = _find(rows, "resnet50_onnx", 32) or {}
+    add(
+        "resnet50_onnx c=32 >= 3 x naive",
+        row.get("vs_naive"),
+        3.0,
+        "x naive",
+        extra=f"{fmt(row.get('throughput'))}/s vs naive {fmt(row.get('naive'))}/s" if row else "",
+    )
+    for model in ("simple", "simple_dyna"):
+        found = _find(rows, model, 16)
+        if found is None:
+            continue
+        batch = found.get("mean_batch")
+        add(
+            f"{model} HTTP c=16 >= 6,000 infer/s with mean batch > 1",
+            found.get("throughput"),
+            6000,
+            "infer/s",
+            extra=f"mean batch {fmt(batch, 2)}",
+            also=(bool(batch and batch > 1), f"mean batch {fmt(batch, 2)} is not > 1"),
+        )
+    single = lat.get("single_request", {}).get("simple")
+    if single:
+        floor = single.get("http_ready_floor", {}).get("p50_ms")
+        add(
+            "simple c=1 server adds < 0.3 ms to in-process p50 (tritonclient.http)",
+            single.get("http_adds_ms"),
+            0.3,
+            "ms",
+            higher=False,
+            extra=f"http p50 {fmt(single.get('http', {}).get('p50_ms'), 3)} ms vs in-process "
+            f"{fmt(single['inproc_server_opts']['p50_ms'], 3)} ms; the same client's "
+            f"GET /v2/health/ready takes {fmt(floor, 3)} ms",
+        )
+        found = _find(rows, "simple", 1)
+        if found and found.get("p50_ms") is not None:
+            adds = found["p50_ms"] - single["inproc_server_opts"]["p50_ms"]
+            add(
+                "simple c=1 server adds < 0.3 ms (perf_analyzer p50, C++ client)",
+                adds,
+                0.3,
+                "ms",
+                higher=False,
+                extra=f"perf_analyzer c=1 p50 {fmt(found['p50_ms'], 3)} ms",
+            )
+    return out
+
+
+def print_report(results: dict[str, Any], summary: dict[str, Any]) -> None:
+    fmt = benchlib.fmt_num
+    print("\n== In-process ONNX Runtime (samples/s; median over repeats)")
+    inproc_m = _median_rows(results["inproc"], ("model", "options", "batch"), ("samples_per_s",))
+    models = sorted({k[0] for k in inproc_m})
+    batches = sorted({k[2] for k in inproc_m})
+    rows = []
+    for model in models:
+        for options in ("server", "default"):
+            values = [inproc_m.get((model, options, b), {}).get("samples_per_s") for b in batches]
+            if any(v is not None for v in values):
+                rows.append([model, options, *(fmt(v) for v in values)])
+    print(benchlib.table(["model", "options", *(f"b={b}" for b in batches)], rows))
+
+    print(
+        "\n== Oceanus, HTTP binary, N concurrent single-sample clients "
+        f"({results['meta']['oceanus_loadgen']})"
+    )
+    rows = [
+        [
+            r["model"],
+            r["concurrency"],
+            fmt(r["throughput"]),
+            fmt(r["p50_ms"], 2),
+            fmt(r["p95_ms"]),
+            fmt(r["p99_ms"]),
+            fmt(r["mean_batch"], 2),
+            fmt(r["limit"]),
+            fmt(r["vs_limit"], 2),
+            fmt(r["naive"]),
+            fmt(r["vs_naive"], 2),
+        ]
+        for r in summary["oceanus_http"]
+    ]
+    print(
+        benchlib.table(
+            [
+                "model",
+                "conc",
+                "infer/s",
+                "p50 ms",
+                "p95 ms",
+                "p99 ms",
+                "batch",
+                "limit/s",
+                "x limit",
+                "naive/s",
+                "x naive",
+            ],
+            rows,
+        )
+    )
+    if summary["oceanus_grpc"]:
+        print("\n== Oceanus, gRPC (perf_analyzer -i grpc)")
+        rows = [
+            [
+                r["model"],
+                r["concurrency"],
+                fmt(r["throughput"]),
+                fmt(r["p50_ms"], 2),
+                fmt(r["p99_ms"]),
+                fmt(r["mean_batch"], 2),
+            ]
+            for r in summary["oceanus_grpc"]
+        ]
+        print(benchlib.table(["model", "conc", "infer/s", "p50 ms", "p99 ms", "batch"], rows))
+    if summary["naive"]:
+        print("\n== Naive FastAPI /predict (JSON, one at a time), bench/loadgen.py")
+        rows = [
+            [
+                r["model"],
+                r["concurrency"],
+                fmt(r["throughput"]),
+                fmt(r["p50_ms"], 2),
+                fmt(r["p95_ms"]),
+                fmt(r["p99_ms"]),
+            ]
+            for r in summary["naive"]
+        ]
+        print(benchlib.table(["model", "conc", "req/s", "p50 ms", "p95 ms", "p99 ms"], rows))
+    lat = results.get("latency", {})
+    if lat.get("start_to_ready"):
+        s = lat["start_to_ready"]
+        print(
+            f"\n== Start-to-ready (default example repository): median {s['median_s']:.2f} s "
+            f"of {s['runs_s']}"
+        )
+    if lat.get("single_request"):
+        print("\n== Single-request latency, p50 ms (sequential)")
+        ways = ["inproc_server_opts", "inproc_default", "http", "grpc", "http_ready_floor"]
+        rows = []
+        for model, row in lat["single_request"].items():
+            rows.append(
+                [
+                    model,
+                    *(fmt(row.get(w, {}).get("p50_ms"), 3) for w in ways),
+                    fmt(row.get("http_adds_ms"), 3),
+                    fmt(row.get("grpc_adds_ms"), 3),
+                ]
+            )
+        print(
+            benchlib.table(
+                [
+                    "model",
+                    "in-proc(server opts)",
+                    "in-proc(default)",
+                    "http",
+                    "grpc",
+                    "http GET ready",
+                    "http adds",
+                    "grpc adds",
+                ],
+                rows,
+            )
+        )
+    print("\n== Targets")
+    for t in summary["targets"]:
+        value = t.get("value")
+        print(
+            f"- {t['target']}: {t['status']}"
+            + (f" [{value:g} {t['unit']}]" if value is not None else "")
+            + (f" {t['note']}" if t.get("note") else "")
+        )
+
+
+def meta(args: argparse.Namespace, pa: tuple[Path, dict[str, str]] | None) -> dict[str, Any]:
+    import onnxruntime
+
+    def git(*cmd: str) -> str:
+        try:
+            return subprocess.run(
+                ["git", *cmd],
+                cwd=benchlib.ROOT,
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            ).stdout.strip()
+        except OSError:
+            return ""
+
+    pa_version = ""
+    if pa is not None:
+        probe = subprocess.run(
+            [str(pa[0]), "--version"],
+            env=pa[1],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+        lines = (probe.stdout + probe.stderr).strip().splitlines()
+        pa_version = lines[-1] if lines else ""
+    return {
+        "argv": sys.argv,
+        "quick": args.quick,
+        "repeat": args.repeat,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": platform.node(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "onnxruntime": onnxruntime.__version__,
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty_files": len(git("status", "--porcelain").splitlines()),
+        "perf_analyzer": str(pa[0]) if pa else None,
+        "perf_analyzer_version": pa_version,
+        "oceanus_loadgen": "perf_analyzer" if pa else "bench/loadgen.py (kserve binary)",
+        "loadavg_start": benchlib.loadavg(),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer points, shorter windows")
+    parser.add_argument("--models", default=",".join(ALL_MODELS))
+    parser.add_argument("--skip", default="", help=f"comma-separated phases from {PHASES}")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="repeat the per-model phases N times; tables show medians",
+    )
+    parser.add_argument("--naive-mode", choices=("executor", "lock"), default="executor")
+    parser.add_argument(
+        "--loadgen",
+        choices=("auto", "python"),
+        default="auto",
+        help="auto: perf_analyzer if installed, else bench/loadgen.py",
+    )
+    parser.add_argument(
+        "--stability",
+        type=int,
+        default=perf.RELAXED,
+        help="perf_analyzer -s; default 1000: exactly 3 windows, their spread "
+        "reported; below 1000 unstable levels are rerun once with -s 1000",
+    )
+    parser.add_argument("--output", type=Path, help="JSON path (default bench/results/<ts>.json)")
+    args = parser.parse_args()
+
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = set(models) - set(ALL_MODELS)
+    if unknown:
+        parser.error(f"unknown models {sorted(unknown)}; choose from {ALL_MODELS}")
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    if skip - set(PHASES):
+        parser.error(f"unknown phases {sorted(skip - set(PHASES))}; choose from {PHASES}")
+
+    log = Log()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out_path = args.output or benchlib.RESULTS_DIR / f"{stamp}.json"
+    work_dir = benchlib.RESULTS_DIR / f"{stamp}-logs"
+    work_dir.mkdir(parents=True, exist_ok=True)
+
+    pa = perf.find_perf_analyzer() if args.loadgen == "auto" else None
+    if pa is None and args.loadgen == "auto":
+        log(
+            "perf_analyzer not found (PA_VENV or /tmp/pa-venv; see "
+            "/work/shared/perf_analyzer/setup.sh): using bench/loadgen.py for Oceanus"
+        )
+    results: dict[str, Any] = {
+        "meta": meta(args, pa),
+        "plan": {},
+        "inproc": [],
+        "inproc_recheck": [],
+        "oceanus": [],
+        "naive": [],
+        "problems": [],
+    }
+
+    def save() -> None:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(results, indent=2, default=str))
+
+    log("preparing the example repository")
+    repository = benchlib.example_repository(models)
+    infos = {m: benchlib.load_model_info(repository, m) for m in models}
+    results["meta"]["repository"] = str(repository)
+
+    if {"oceanus", "inproc", "naive", "grpc"} - skip:
+        with contextlib.ExitStack() as stack:
+            server = None
+            if {"oceanus", "grpc"} - skip:
+                log(f"starting Oceanus on {repository}")
+                server = stack.enter_context(benchlib.oceanus_server(repository, work_dir))
+                results["meta"]["oceanus_command"] = " ".join(["python", *server.argv[1:]])
+                results["meta"]["oceanus_ready_s"] = round(server.ready_s, 2)
+                results["meta"]["oceanus_log"] = str(server.log_path)
+            for rep in range(args.repeat):
+                for name in models:
+                    model = infos[name]
+                    p = plan(name, args.quick)
+                    results["plan"][name] = p
+                    log(f"== {name} (repeat {rep + 1}/{args.repeat})")
+                    best = None  # (samples/s, options, batch) of this repeat's sweep
+                    if "inproc" not in skip and name not in SAME_FILE:
+                        batches = [b for b in p["batches"] if b <= max(1, model.max_batch_size)]
+                        for row in inproc.throughput(model, batches, p["inproc_s"], log=log):
+                            results["inproc"].append(dict(row, repeat=rep))
+                            if "samples_per_s" in row and (
+                                best is None or row["samples_per_s"] > best[0]
+                            ):
+                                best = (row["samples_per_s"], row["options"], row["batch"])
+                    if server is not None and "oceanus" not in skip:
+                        for row in oceanus_levels(
+                            server,
+                            model,
+                            p["levels"],
+                            p["pa_window_ms"],
+                            pa,
+                            work_dir,
+                            log,
+                            stability=args.stability,
+                            expected_per_s=best and best[0],
+                            window_cap_ms=8000 if args.quick else 12000,
+                        ):
+                            results["oceanus"].append(dict(row, repeat=rep))
+                            if row.get("throughput") is None:
+                                results["problems"].append(
+                                    f"oceanus {name} c={row['concurrency']}: {row.get('error')}"
+                                )
+                        if best is not None and name in TARGET_MODELS:
+                            # Bracket the Oceanus levels: the best in-process point once more.
+                            log("  in-process recheck of the best point, after the server load:")
+                            for row in inproc.throughput(
+                                model, [best[2]], p["inproc_s"], option_sets=(best[1],), log=log
+                            ):
+                                results["inproc_recheck"].append(dict(row, repeat=rep))
+                    if (
+                        server is not None
+                        and "grpc" not in skip
+                        and pa is not None
+                        and name == "simple"
+                    ):
+                        for row in oceanus_levels(
+                            server,
+                            model,
+                            [16],
+                            p["pa_window_ms"],
+                            pa,
+                            work_dir,
+                            log,
+                            protocol="grpc",
+                            stability=args.stability,
+                        ):
+                            results["oceanus"].append(dict(row, repeat=rep))
+                    if "naive" not in skip and name in NAIVE_MODELS:
+                        try:
+                            for row in naive_levels(model, p, work_dir, args.naive_mode, log):
+                                results["naive"].append(dict(row, repeat=rep))
+                        except Exception as err:  # keep the rest of the run
+                            results["problems"].append(f"naive {name}: {err}")
+                            log(f"  naive {name} FAILED: {err}")
+                    save()
+            if server is not None and server.proc.poll() is not None:
+                results["problems"].append(f"oceanus exited early: {server.proc.returncode}")
+
+    if "latency" not in skip:
+        log("== latency")
+        lat_models = [m for m in ("simple", "resnet50_onnx") if m in models] or ["simple"]
+        results["latency"] = latency.run(
+            args.quick, work_dir, lat_models, startup="startup" not in skip, log=log
+        )
+
+    results["meta"]["loadavg_end"] = benchlib.loadavg()
+    results["meta"]["wall_s"] = round(time.perf_counter() - log.started, 1)
+    results["summary"] = summarize(results)
+    save()
+    print_report(results, results["summary"])
+    if results["problems"]:
+        print("\n== Problems")
+        for problem in results["problems"]:
+            print(f"- {problem}")
+    print(f"\nJSON: {out_path}\nlogs: {work_dir}\nwall: {results['meta']['wall_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
