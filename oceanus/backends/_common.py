@@ -63,6 +63,13 @@ def config_dims(tensor: Any) -> list[int]:
     return list(tensor.reshape.shape) if tensor.HasField("reshape") else list(tensor.dims)
 
 
+def _matches(dims: list[int], model_dims: list[int]) -> bool:
+    """Config dims equal to the model's full shape (-1 matching anything)."""
+    return len(dims) == len(model_dims) and all(
+        d == -1 or m == -1 or d == m for d, m in zip(dims, model_dims, strict=True)
+    )
+
+
 def check_dims(config: mc.ModelConfig, kind: str, tensor: Any, model_dims: list[int]) -> None:
     """Triton's shape check of a config tensor against the model's shape (-1: any size)."""
     dims = config_dims(tensor)
@@ -78,6 +85,15 @@ def check_dims(config: mc.ModelConfig, kind: str, tensor: Any, model_dims: list[
     if len(full) != len(model_dims) or any(
         m != -1 and c != -1 and m != c for m, c in zip(model_dims, full, strict=False)
     ):
+        if batched and _matches(dims, model_dims):
+            # The most common config mistake: dims written with the batch dimension.
+            corrected = ", ".join(str(d) for d in dims[1:])
+            raise invalid_arg(
+                f"model '{config.name}', {kind} '{tensor.name}': dims "
+                f"[{','.join(str(d) for d in dims)}] include the batch dimension, but "
+                f"max_batch_size > 0 already adds it in front; write 'dims: [ {corrected} ]'"
+                " (or set max_batch_size: 0 to give the full shape)"
+            )
         if batched:
             explain = (
                 f"{len(full)} dimensions (an initial batch dimension because max_batch_size "

@@ -17,6 +17,7 @@ import onnxruntime as ort
 from onnx import TensorProto
 from tritonclient.grpc import model_config_pb2 as mc
 
+from oceanus.backends._common import check_dims
 from oceanus.backends.base import Backend, BackendInstance, InstanceSpec
 from oceanus.core import datatypes
 from oceanus.core.errors import invalid_arg, unavailable
@@ -51,13 +52,6 @@ _GRAPH_LEVELS = {
 def _model_dims(shape: Sequence[Any]) -> list[int]:
     """ORT shapes hold ints, symbolic names or None; Triton writes every unknown as -1."""
     return [d if isinstance(d, int) and d >= 0 else -1 for d in shape]
-
-
-def _matches(dims: list[int], model_dims: list[int]) -> bool:
-    """Config dims equal to the model's full shape (-1 matching anything)."""
-    return len(dims) == len(model_dims) and all(
-        d == -1 or m == -1 or d == m for d, m in zip(dims, model_dims, strict=True)
-    )
 
 
 def _parameter(config: mc.ModelConfig, key: str) -> str | None:
@@ -159,45 +153,7 @@ class OnnxRuntimeBackend(Backend):
                     f"unable to load model '{config.name}', configuration expects datatype "
                     f"{config_type} for {kind} '{tensor.name}', model provides {model_type}"
                 )
-            self._check_dims(config, kind, tensor, _model_dims(model_tensor.shape))
-
-    @staticmethod
-    def _check_dims(config: mc.ModelConfig, kind: str, tensor: Any, model_dims: list[int]) -> None:
-        dims = list(tensor.reshape.shape) if tensor.HasField("reshape") else list(tensor.dims)
-        batched = config.max_batch_size > 0
-        full = ([-1] if batched else []) + dims
-        shape_text = f"[{','.join(str(d) for d in model_dims)}]"
-        if batched and (not model_dims or model_dims[0] != -1):
-            raise invalid_arg(
-                f"model '{config.name}', tensor '{tensor.name}': for the model to support "
-                f"batching the shape should have at least 1 dimension and the first dimension "
-                f"must be -1; but shape expected by the model is {shape_text}"
-            )
-        if len(full) != len(model_dims) or any(
-            m != -1 and c != -1 and m != c for m, c in zip(model_dims, full, strict=False)
-        ):
-            if batched and _matches(dims, model_dims):
-                # The most common config mistake: dims written with the batch dimension.
-                corrected = ", ".join(str(d) for d in dims[1:])
-                raise invalid_arg(
-                    f"model '{config.name}', {kind} '{tensor.name}': dims "
-                    f"[{','.join(str(d) for d in dims)}] include the batch dimension, but "
-                    f"max_batch_size > 0 already adds it in front; write 'dims: [ {corrected} ]'"
-                    " (or set max_batch_size: 0 to give the full shape)"
-                )
-            if batched:
-                explain = (
-                    f"{len(full)} dimensions (an initial batch dimension because max_batch_size "
-                    f"> 0 followed by the explicit tensor shape, making complete shape "
-                    f"[{','.join(str(d) for d in full)}])"
-                )
-            else:
-                explain = f"{len(full)} dimensions (shape [{','.join(str(d) for d in full)}])"
-            raise invalid_arg(
-                f"model '{config.name}', tensor '{tensor.name}': the model expects "
-                f"{len(model_dims)} dimensions (shape {shape_text}) but the model configuration "
-                f"specifies {explain}"
-            )
+            check_dims(config, kind, tensor, _model_dims(model_tensor.shape))
 
     def load(self, config: mc.ModelConfig, model_path: Path, spec: InstanceSpec) -> BackendInstance:
         options = ort.SessionOptions()

@@ -78,7 +78,12 @@ class ModelVersion:
 
     def infer(self, request: InferRequest) -> asyncio.Future[InferResponse]:
         """Validate and queue a request; the future resolves with its response."""
-        loop = asyncio.get_running_loop()
+        return self._enqueue(request, None)
+
+    def _enqueue(
+        self, request: InferRequest, stream: ResponseStream | None
+    ) -> asyncio.Future[InferResponse]:
+        """Validate and queue a request (its responses go to `stream` when one is given)."""
         if self.scheduler is None or self.state is not ModelState.READY:
             raise unavailable(
                 f"Request for unknown model: '{self.name}' version {self.version} is not at "
@@ -89,8 +94,10 @@ class ModelVersion:
         inputs, rows = validate_request(
             request, self.name, self.config.max_batch_size, self.inputs, self.outputs
         )
-        future: asyncio.Future[InferResponse] = loop.create_future()
-        self.scheduler.enqueue(Job(request=request, inputs=inputs, rows=rows, future=future))
+        future: asyncio.Future[InferResponse] = asyncio.get_running_loop().create_future()
+        self.scheduler.enqueue(
+            Job(request=request, inputs=inputs, rows=rows, future=future, stream=stream)
+        )
         return future
 
     def infer_stream(
@@ -107,20 +114,8 @@ class ModelVersion:
         (`triton_enable_empty_final_response`), and then every response carries the
         `triton_final_response` parameter. Leaving the iteration early cancels the request."""
         loop = asyncio.get_running_loop()
-        if self.scheduler is None or self.state is not ModelState.READY:
-            raise unavailable(
-                f"Request for unknown model: '{self.name}' version {self.version} is not at "
-                "ready state"
-            )
-        inputs, rows = validate_request(
-            request, self.name, self.config.max_batch_size, self.inputs, self.outputs
-        )
-        future: asyncio.Future[InferResponse] = loop.create_future()
         stream = ResponseStream(self, request, loop, empty_final, mark_final)
-        self.scheduler.enqueue(
-            Job(request=request, inputs=inputs, rows=rows, future=future, stream=stream)
-        )
-        return stream.responses(future)
+        return stream.responses(self._enqueue(request, stream))
 
     def _complete(
         self,
