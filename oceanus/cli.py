@@ -15,6 +15,7 @@ from typing import NoReturn
 from oceanus import __version__
 from oceanus.logs import LogSettings
 from oceanus.settings import Settings
+from oceanus.trace_flags import trace_config_from_flags
 
 log = logging.getLogger("oceanus.cli")
 
@@ -44,12 +45,6 @@ IGNORED_FLAGS = (
     "--grpc-infer-response-compression-level",
     "--http-restricted-api",
     "--reuse-http-port",
-    "--trace-config",
-    "--trace-file",
-    "--trace-level",
-    "--trace-rate",
-    "--trace-count",
-    "--trace-log-frequency",
     "--model-namespacing",
     "--enable-peer-access",
     "--log-mode",
@@ -177,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--log-format", choices=("default", "ISO8601"), default="default")
     add("--log-file", default="")
     _grpc_options(parser)
+    _trace_options(parser)
     for name in IGNORED_FLAGS:
         dest = "ignored_" + name[2:].replace("-", "_")
         add(name, dest=dest, action="append", help=argparse.SUPPRESS)
@@ -221,6 +217,29 @@ def _grpc_options(parser: argparse.ArgumentParser) -> None:
     add("--grpc-root-cert", default="", metavar="PEM")
 
 
+def _trace_options(parser: argparse.ArgumentParser) -> None:
+    """Triton's trace flags (read by oceanus/trace_flags.py)."""
+    add = parser.add_argument
+    add(
+        "--trace-config",
+        action="append",
+        default=[],
+        metavar="[<mode>,]<setting>=<value>",
+        help="trace settings: level=TIMESTAMPS|TENSORS|OFF, rate=N, count=N, "
+        "mode=triton|opentelemetry, triton,file=PATH, triton,log-frequency=N, "
+        "opentelemetry,url=URL, opentelemetry,resource=K=V (repeatable)",
+    )
+    add("--trace-level", action="append", default=[], help="deprecated: --trace-config level=")
+    add("--trace-rate", default=None, help="deprecated: --trace-config rate=")
+    add("--trace-count", default=None, help="deprecated: --trace-config count=")
+    add("--trace-file", default=None, help="deprecated: --trace-config triton,file=")
+    add(
+        "--trace-log-frequency",
+        default=None,
+        help="deprecated: --trace-config triton,log-frequency=",
+    )
+
+
 def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, list[str]]:
     """Settings from the command line, plus the ignored flags that were given."""
     parser = build_parser()
@@ -246,6 +265,17 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, list[str]]:
         if not sep or not key:
             parser.error(f"--metrics-config expects <setting>=<value>, got '{item}'")
         metrics_config[key.strip()] = value.strip().strip('"')
+    try:
+        trace = trace_config_from_flags(
+            args.trace_config,
+            args.trace_level,
+            args.trace_rate,
+            args.trace_count,
+            args.trace_file,
+            args.trace_log_frequency,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
     metrics_address = args.metrics_address
     if metrics_address is None:
         metrics_address = args.http_address if args.allow_http else "0.0.0.0"
@@ -297,6 +327,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, list[str]]:
         grpc_server_cert=args.grpc_server_cert,
         grpc_server_key=args.grpc_server_key,
         grpc_root_cert=args.grpc_root_cert,
+        trace=trace,
         log=LogSettings(
             verbose=args.log_verbose,
             info=args.log_info,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from oceanus.core.model import ModelState
 from oceanus.core.server import CoreOptions, ServerCore
+from oceanus.core.tracing import MODE_OPENTELEMETRY, SpanExporter
 from oceanus.frontends.grpc.server import GrpcFrontend, GrpcOptions
 from oceanus.frontends.http.app import HttpFrontend
 from oceanus.frontends.http.protocol import HttpServer
@@ -32,6 +33,7 @@ HTTP_EXTENSIONS = [
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "trace",
     "logging",
 ]
 
@@ -43,6 +45,15 @@ def _repositories(settings: Settings) -> list[Path]:
 
     log.info("no --model-repository given: serving the built-in example repository")
     return [example_repository()]
+
+
+def _span_exporter(settings: Settings) -> SpanExporter | None:
+    """The OpenTelemetry exporter when --trace-config mode=opentelemetry asks for one."""
+    if settings.trace.mode != MODE_OPENTELEMETRY:
+        return None
+    from oceanus.core.tracing_otel import OtlpSpanExporter
+
+    return OtlpSpanExporter(settings.trace.mode_options)
 
 
 class Server:
@@ -66,6 +77,11 @@ class Server:
         repositories = await asyncio.get_running_loop().run_in_executor(
             None, _repositories, settings
         )
+        try:
+            span_exporter = _span_exporter(settings)
+        except RuntimeError as exc:  # the optional OpenTelemetry SDK is missing
+            log.error("%s", exc)
+            return 1
         self.core = core = ServerCore(
             CoreOptions(
                 repositories=repositories,
@@ -76,6 +92,8 @@ class Server:
                 startup_models=settings.load_models,
                 poll_seconds=max(settings.repository_poll_secs, 1),
                 extensions=list(HTTP_EXTENSIONS),
+                trace=settings.trace,
+                span_exporter=span_exporter,
             )
         )
         if settings.allow_metrics:

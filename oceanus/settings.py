@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from oceanus.core.tracing import TraceConfig
 from oceanus.logs import LogSettings
 
 
@@ -36,6 +37,7 @@ class Settings:
     backend_config: list[str] = field(default_factory=list)
     server_id: str = "triton"
     log: LogSettings = field(default_factory=LogSettings)
+    trace: TraceConfig = field(default_factory=TraceConfig)
     # gRPC frontend (Triton's --grpc-* flags; times in milliseconds)
     reuse_grpc_port: bool = False
     grpc_keepalive_time: int = 7_200_000

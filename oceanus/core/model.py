@@ -18,6 +18,7 @@ from oceanus.core.errors import ErrorCode, InferenceServerError, unavailable
 from oceanus.core.instance import BatchResult, InstanceWorker, Job
 from oceanus.core.scheduler import Scheduler
 from oceanus.core.statistics import ModelStatistics
+from oceanus.core.tracing import ModelActivity
 from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from oceanus.core.validation import TensorSpec, validate_request
 
@@ -128,6 +129,8 @@ class ModelVersion:
         """Resolve one request's future and record its statistics (on the loop)."""
         request = job.request
         future = job.future
+        if request.trace is not None:
+            self._trace(job, outputs, result, now, error)
         if job.stream is not None:
             self._complete_stream(job, result, now, error)
             return
@@ -176,6 +179,41 @@ class ModelVersion:
                 stream.put(None, job.response_error, True)
         if not job.future.done():
             job.future.set_result(None)
+
+    def _trace(
+        self,
+        job: Job,
+        outputs: dict[str, np.ndarray] | None,
+        result: BatchResult | None,
+        now: int,
+        error: InferenceServerError | None,
+    ) -> None:
+        """Note this model's part of a traced request, from the times the statistics use."""
+        request = job.request
+        stamps = [("REQUEST_START", request.received_ns)]
+        if job.enqueued_ns:
+            stamps.append(("QUEUE_START", job.enqueued_ns))
+        if result is not None and error is None and result.started_ns:
+            input_end = result.started_ns + result.input_ns
+            output_start = input_end + result.infer_ns
+            stamps += [
+                ("COMPUTE_START", result.started_ns),
+                ("COMPUTE_INPUT_END", input_end),
+                ("COMPUTE_OUTPUT_START", output_start),
+                ("COMPUTE_END", output_start + result.output_ns),
+            ]
+        stamps += [("REQUEST_END", now), ("INFER_RESPONSE_COMPLETE", now)]
+        tensors: list[tuple[str, str, np.ndarray, str]] = []
+        if request.trace.wants_tensors:
+            for name, array in job.inputs.items():
+                tensors.append(("TENSOR_QUEUE_INPUT", name, array, self.inputs[name].datatype.name))
+            for name, array in (outputs or {}).items():
+                spec = self.outputs.get(name)
+                datatype = spec.datatype.name if spec is not None else ""
+                tensors.append(("TENSOR_BACKEND_OUTPUT", name, array, datatype))
+        request.trace.record_model(
+            ModelActivity(self.name, self.version, request.id, stamps, tensors)
+        )
 
     def _response(self, request: InferRequest, outputs: dict[str, np.ndarray]) -> InferResponse:
         requested: dict[str, RequestedOutput] | None = None

@@ -27,6 +27,7 @@ from oceanus.core.errors import (
 )
 from oceanus.core.model import ModelEntry, ModelState, ModelVersion
 from oceanus.core.model_manager import ModelManager
+from oceanus.core.tracing import SpanExporter, TraceConfig, TraceManager
 from oceanus.core.types import InferRequest, InferResponse
 
 log = logging.getLogger("oceanus.core")
@@ -47,6 +48,9 @@ class CoreOptions:
     poll_seconds: float = 15.0
     # Extensions the running frontends really implement, listed by server metadata.
     extensions: list[str] = field(default_factory=list)
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    # Where traces go in trace mode "opentelemetry" (oceanus/core/tracing_otel.py).
+    span_exporter: SpanExporter | None = None
 
 
 def _gpu_count() -> int:
@@ -73,6 +77,7 @@ class ServerCore:
             options.autocomplete,
             _gpu_count(),
         )
+        self.tracer = TraceManager(options.trace, options.span_exporter)
         self.live = False
         self._shutting_down = False
         self._poller: asyncio.Task[None] | None = None
@@ -141,6 +146,7 @@ class ServerCore:
             self._poller.cancel()
         await self.manager.unload_all()
         self._executor.shutdown(wait=False)
+        self.tracer.close()
 
     # ---- health and metadata ----------------------------------------------------------------
 

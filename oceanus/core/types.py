@@ -43,6 +43,8 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     # Monotonic receive time, taken by the frontend as the request arrives.
     received_ns: int = field(default_factory=time.monotonic_ns)
+    # A sampled request's oceanus.core.tracing.Trace (None: not traced, the usual case).
+    trace: Any = None
 
 
 @dataclass(slots=True)

@@ -3,7 +3,7 @@
 Every RPC calls the same core methods the HTTP frontend calls; this module only turns protobuf
 messages into those calls and back, and core errors into gRPC statuses (errors.py). Features that
 Oceanus does not have answer as Triton answers when that feature is off: client shared memory is
-disabled, and tracing and dynamic logging are not built in.
+disabled.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeAlias
 
@@ -26,6 +27,7 @@ from oceanus.core.errors import (
     unsupported,
 )
 from oceanus.core.server import ServerCore
+from oceanus.core.tracing import Trace, TraceSettingError
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.grpc import codec, health
 from oceanus.frontends.grpc.errors import grpc_status
@@ -35,6 +37,7 @@ from oceanus.frontends.log_settings import (
     log_settings_document,
     updated_log_settings,
 )
+from oceanus.frontends.trace_settings import unknown_model, update_from_grpc
 from oceanus.logs import LogSettings
 
 log = logging.getLogger("oceanus.grpc")
@@ -45,7 +48,6 @@ SERVICE_NAME = "inference.GRPCInferenceService"
 CLIENT_SHM_DISABLED = (
     "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
 )
-NO_TRACE = "the server does not support trace"
 NO_LOGGING = "the server does not support dynamic logging"
 # LogSettings keys, the SettingValue field each must use, and Triton's word for it in errors.
 _LOG_SETTING_KINDS = (
@@ -58,6 +60,8 @@ _LOG_SETTING_KINDS = (
 )
 NO_REPOSITORY_NAME = "'repository_name' specification is not supported"
 
+# A stream's responses in order; a traced response comes with its Trace (finished once written).
+Outbox: TypeAlias = "asyncio.Queue[bytes | tuple[bytes, Trace] | None]"
 # grpc.aio.ServicerContext (grpcio ships no type information)
 Context: TypeAlias = Any
 Unary = Callable[[Any, Context], Awaitable[Any]]
@@ -74,7 +78,7 @@ def _failure(exc: Exception, what: str) -> tuple[grpc.StatusCode, str]:
 async def _relay(
     request: InferRequest,
     responses: AsyncIterator[InferResponse],
-    outbox: asyncio.Queue[bytes | None],
+    outbox: Outbox,
 ) -> None:
     """A decoupled model's responses to one stream request, in order; an error ends them."""
     try:
@@ -230,10 +234,24 @@ class GrpcService:
     def shm_disabled(self, request: Any) -> Any:
         raise unsupported(CLIENT_SHM_DISABLED)
 
-    # ---- trace and logging (not built in) ------------------------------------------------------
+    # ---- trace and logging ----------------------------------------------------------------------
 
     def trace_setting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
-        raise unavailable(NO_TRACE)
+        """TraceSetting: Triton's trace extension, sharing its rules with HTTP."""
+        name = request.model_name
+        tracer = self.core.tracer
+        try:
+            if name and not self.core.model_ready(name):
+                raise unknown_model(name)
+            if request.settings:
+                settings = {key: list(value.value) for key, value in request.settings.items()}
+                tracer.update(name, update_from_grpc(settings))
+        except TraceSettingError as exc:
+            raise (unsupported if exc.code == "UNSUPPORTED" else invalid_arg)(exc.message) from None
+        response = pb.TraceSettingResponse()
+        for key, value in tracer.document(name).items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
 
     def log_settings_rpc(self, request: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
         """LogSettings: Triton's logging extension, sharing its rules with `/v2/logging`."""
@@ -273,17 +291,48 @@ class GrpcService:
         request still queued leaves the queue.
         """
         try:
-            response = await self.core.infer(codec.decode(data), caller="ModelInfer RPC")
+            request = codec.decode(data)
+            if self.core.tracer.active:
+                return await self._traced_infer(request, context)
+            response = await self.core.infer(request, caller="ModelInfer RPC")
             return codec.encode_infer_response(response)
         except Exception as exc:
             code, message = _failure(exc, "ModelInfer")
         await context.abort(code, message)
         raise AssertionError("unreachable")  # abort raises
 
+    async def _traced_infer(self, request: InferRequest, context: Context) -> bytes:
+        """ModelInfer for a request that may be traced: the handler's start stands for
+        GRPC_WAITREAD_START/END (grpc.aio has read the message by then); GRPC_SEND_END is
+        when the call completes."""
+        tracer = self.core.tracer
+        traceparent = None
+        if tracer.propagates_context:
+            metadata = dict(context.invocation_metadata() or ())
+            traceparent = metadata.get("traceparent")
+        trace = tracer.sample(request.model_name, traceparent)
+        if trace is None:
+            response = await self.core.infer(request, caller="ModelInfer RPC")
+            return codec.encode_infer_response(response)
+        trace.capture("GRPC_WAITREAD_START", request.received_ns)
+        trace.capture("GRPC_WAITREAD_END", request.received_ns)
+        request.trace = trace
+
+        def sent(_: Any) -> None:
+            trace.capture("GRPC_SEND_END", time.monotonic_ns())
+            trace.finish()
+
+        context.add_done_callback(sent)
+        try:
+            response = await self.core.infer(request, caller="ModelInfer RPC")
+            return codec.encode_infer_response(response)
+        finally:
+            trace.capture("GRPC_SEND_START", time.monotonic_ns())
+
     async def model_stream_infer(self, requests: AsyncIterator[bytes], context: Context) -> None:
         """ModelStreamInfer: any number of requests; each response (or error) is written as soon
         as it is ready, carrying its request's id. Errors never end the stream."""
-        outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        outbox: Outbox = asyncio.Queue()
         pending: set[asyncio.Future[Any]] = set()
         writer = asyncio.ensure_future(_write_all(outbox, context))
         try:
@@ -300,7 +349,7 @@ class GrpcService:
                 writer.cancel()
 
     def _stream_request(
-        self, data: bytes, outbox: asyncio.Queue[bytes | None], pending: set[asyncio.Future[Any]]
+        self, data: bytes, outbox: Outbox, pending: set[asyncio.Future[Any]]
     ) -> None:
         request_id = ""
         try:
@@ -314,6 +363,13 @@ class GrpcService:
                 pending.add(task)
                 task.add_done_callback(pending.discard)
                 return
+            trace = None
+            if self.core.tracer.active:
+                trace = self.core.tracer.sample(request.model_name)
+                if trace is not None:
+                    trace.capture("GRPC_WAITREAD_START", request.received_ns)
+                    trace.capture("GRPC_WAITREAD_END", request.received_ns)
+                    request.trace = trace
             future = self.core.infer(request)
         except Exception as exc:
             _, text = _failure(exc, "ModelStreamInfer")
@@ -332,7 +388,7 @@ class GrpcService:
                 encoded = codec.encode_stream_error(
                     text, request.id, request.model_name, request.model_version, final=True
                 )
-            outbox.put_nowait(encoded)
+            outbox.put_nowait(encoded if trace is None else (encoded, trace))
 
         future.add_done_callback(done)
 
@@ -452,9 +508,16 @@ def _serialize(message: Any) -> bytes:
     return data
 
 
-async def _write_all(outbox: asyncio.Queue[bytes | None], context: Context) -> None:
+async def _write_all(outbox: Outbox, context: Context) -> None:
     while True:
         item = await outbox.get()
         if item is None:
             return
-        await context.write(item)
+        if isinstance(item, tuple):
+            data, trace = item
+            trace.capture("GRPC_SEND_START", time.monotonic_ns())
+            await context.write(data)
+            trace.capture("GRPC_SEND_END", time.monotonic_ns())
+            trace.finish()
+        else:
+            await context.write(item)

@@ -19,10 +19,13 @@ from oceanus.core.errors import InferenceServerError, invalid_arg
 from oceanus.core.model_manager import decode_files
 from oceanus.core.proto_json import message_to_dict
 from oceanus.core.server import ServerCore
+from oceanus.core.tracing import Trace, TraceSettingError
+from oceanus.core.types import InferRequest
 from oceanus.frontends.http import codec
 from oceanus.frontends.http.errors import http_status
 from oceanus.frontends.http.extensions import handle_logging
 from oceanus.frontends.http.protocol import Headers, HttpRequest, HttpResponse, Pending
+from oceanus.frontends.trace_settings import unknown_model, update_from_json
 from oceanus.logs import LogSettings
 
 log = logging.getLogger("oceanus.http")
@@ -98,6 +101,8 @@ class HttpFrontend:
             return HttpResponse(200 if healthy else 400)
         if head == "repository":
             return self._repository(request, parts[1:])
+        if parts == ["trace", "setting"]:
+            return self._trace_setting(request, "")
         if head == "logging" and len(parts) == 1 and self.log_settings is not None:
             body = self._body(request) if request.method == "POST" else b""
             status, document = handle_logging(self.log_settings, request.method, body)
@@ -142,6 +147,8 @@ class HttpFrontend:
             if len(rest) < 2 or not rest[1].isdigit():
                 raise HttpError(404, "Not Found")
             version, rest = rest[1], rest[2:]
+        if rest == ["trace", "setting"] and not version:  # no versions here, as in Triton
+            return self._trace_setting(request, name)
         if len(rest) > 1 or rest == [""]:
             raise HttpError(404, "Not Found")
         action = rest[0] if rest else ""
@@ -190,8 +197,43 @@ class HttpFrontend:
         accept = headers.get(b"accept-encoding", b"")
         if log.isEnabledFor(logging.DEBUG):  # --log-verbose 1: each request's path
             log.debug("HTTP infer request '%s' for '%s' received", infer_request.id, name)
+        finisher = _infer_finisher(binary_default, accept)
+        if self.core.tracer.active:
+            trace = self._start_trace(request, infer_request)
+            if trace is not None:
+                finisher = _traced(finisher, trace)
         future = self.core.infer(infer_request)
-        return Pending(future, _infer_finisher(binary_default, accept))
+        return Pending(future, finisher)
+
+    def _start_trace(self, request: HttpRequest, infer_request: InferRequest) -> Trace | None:
+        tracer = self.core.tracer
+        traceparent = None
+        if tracer.propagates_context:
+            header = request.headers.get(b"traceparent")
+            traceparent = header.decode("latin-1") if header is not None else None
+        trace = tracer.sample(infer_request.model_name, traceparent)
+        if trace is not None:
+            trace.capture("HTTP_RECV_START", request.begin_ns)
+            trace.capture("HTTP_RECV_END", request.end_ns)
+            infer_request.trace = trace
+        return trace
+
+    def _trace_setting(self, request: HttpRequest, model_name: str) -> HttpResponse:
+        """`GET/POST /v2[/models/<m>]/trace/setting`: Triton's trace extension."""
+        if request.method not in ("GET", "POST"):
+            raise HttpError(405, "Method Not Allowed")
+        if model_name and not self.core.model_ready(model_name):
+            raise HttpError(400, unknown_model(model_name).message)
+        tracer = self.core.tracer
+        if request.method == "POST":
+            document = codec.parse_json(self._body(request))
+            if not isinstance(document, dict):
+                raise invalid_arg("trace setting request must be a JSON object")
+            try:
+                tracer.update(model_name, update_from_json(document))
+            except TraceSettingError as exc:
+                raise HttpError(501 if exc.code == "UNSUPPORTED" else 400, exc.message) from None
+        return json_response(tracer.document(model_name))
 
 
 def _infer_finisher(
@@ -222,6 +264,24 @@ def _infer_finisher(
         return HttpResponse(200, payload, headers)
 
     return finish
+
+
+def _traced(
+    finish: Callable[[asyncio.Future[Any]], HttpResponse], trace: Trace
+) -> Callable[[asyncio.Future[Any]], HttpResponse]:
+    """The finisher of a traced request: its response notes the send times, then ends it."""
+
+    def sent(started: int, ended: int) -> None:
+        trace.capture("HTTP_SEND_START", started)
+        trace.capture("HTTP_SEND_END", ended)
+        trace.finish()
+
+    def traced_finish(future: asyncio.Future[Any]) -> HttpResponse:
+        response = finish(future)
+        response.on_sent = sent
+        return response
+
+    return traced_finish
 
 
 def _empty_or_error(future: asyncio.Future[Any]) -> HttpResponse:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +36,9 @@ class HttpRequest:
     headers: dict[bytes, bytes]  # lower-case names; the last value of a repeated header wins
     body: bytes = b""
     too_large: bool = False
+    # Monotonic times of the request's first byte and of its last (trace timestamps).
+    begin_ns: int = 0
+    end_ns: int = 0
 
 
 @dataclass(slots=True)
@@ -42,6 +46,8 @@ class HttpResponse:
     status: int
     body: bytes | memoryview = b""
     headers: Headers = field(default_factory=list)
+    # Called with the monotonic times around the write (traced requests only).
+    on_sent: Callable[[int, int], None] | None = None
 
 
 @dataclass(slots=True)
@@ -84,6 +90,7 @@ class HttpProtocol(asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_size = 0
         self._too_large = False
+        self._begin_ns = 0
         self._waiting: deque[tuple[HttpRequest, bool]] = deque()
         self._current: Pending | None = None
         self._closing = False
@@ -121,6 +128,7 @@ class HttpProtocol(asyncio.Protocol):
     # ---- httptools callbacks ----------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self._begin_ns = time.monotonic_ns()
         self._url = b""
         self._headers = {}
         self._body = []
@@ -160,6 +168,8 @@ class HttpProtocol(asyncio.Protocol):
             self._headers,
             body,
             self._too_large,
+            self._begin_ns,
+            time.monotonic_ns(),
         )
         keep_alive = self._parser.should_keep_alive() and not self._too_large
         if self._current is not None or self._waiting:
@@ -196,7 +206,12 @@ class HttpProtocol(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        transport.write(encode_response(response, keep_alive))
+        if response.on_sent is None:
+            transport.write(encode_response(response, keep_alive))
+        else:
+            started = time.monotonic_ns()
+            transport.write(encode_response(response, keep_alive))
+            response.on_sent(started, time.monotonic_ns())
         if not keep_alive:
             transport.close()
             self._closing = True

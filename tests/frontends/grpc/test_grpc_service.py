@@ -155,11 +155,16 @@ def test_shared_memory_is_off(grpc_client: grpcclient.InferenceServerClient) -> 
         assert grpc_error(call) == ("UNIMPLEMENTED", CLIENT_SHM_DISABLED)
 
 
-def test_trace_settings_are_off(grpc_client: grpcclient.InferenceServerClient) -> None:
-    assert grpc_error(grpc_client.get_trace_settings) == (
-        "UNAVAILABLE",
-        "the server does not support trace",
-    )
+def test_trace_settings_default_to_off(grpc_client: grpcclient.InferenceServerClient) -> None:
+    settings = grpc_client.get_trace_settings(as_json=True)["settings"]
+    assert {key: value["value"] for key, value in settings.items()} == {
+        "trace_level": ["OFF"],
+        "trace_rate": ["1000"],
+        "trace_count": ["-1"],
+        "log_frequency": ["0"],
+        "trace_file": [""],
+        "trace_mode": ["triton"],
+    }
 
 
 def test_log_settings_are_shared_with_http(
