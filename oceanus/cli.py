@@ -43,7 +43,6 @@ IGNORED_FLAGS = (
     "--grpc-max-response-pool-size",
     "--grpc-infer-thread-count",
     "--grpc-infer-response-compression-level",
-    "--http-restricted-api",
     "--reuse-http-port",
     "--model-namespacing",
     "--enable-peer-access",
@@ -159,6 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(parser, "--strict-readiness", True, "server ready only when every model is ready")
     add("--exit-timeout-secs", type=parse_nonnegative, default=30)
     add("--http-max-input-size", type=parse_nonnegative, default=64 * 1024 * 1024)
+    add(
+        "--http-restricted-api",
+        action="append",
+        default=[],
+        metavar="<apis>:<key>=<value>",
+        help="API groups (health, metadata, inference, shared-memory, model-config, "
+        "model-repository, statistics, trace, logging) that need the header '<key>: <value>'",
+    )
     add("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
     add("--load-model", dest="load_models", action="append", default=[])
     add("--repository-poll-secs", type=parse_nonnegative, default=15)
@@ -244,14 +251,19 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, list[str]]:
     """Settings from the command line, plus the ignored flags that were given."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    from oceanus.frontends.grpc.restricted import parse_restricted_protocol
+    from oceanus.frontends.restricted import GRPC_HEADER_PREFIX, parse_restriction
 
     restricted: dict[str, tuple[str, str]] = {}
-    for value in args.grpc_restricted_protocol:
-        try:
-            parse_restricted_protocol(value, restricted)
-        except ValueError as exc:
-            parser.error(str(exc))
+    http_restricted: dict[str, tuple[str, str]] = {}
+    try:
+        for value in args.grpc_restricted_protocol:
+            parse_restriction(
+                value, "grpc-restricted-protocol", "protocol", GRPC_HEADER_PREFIX, restricted
+            )
+        for value in args.http_restricted_api:
+            parse_restriction(value, "http-restricted-api", "api", "", http_restricted)
+    except ValueError as exc:
+        parser.error(str(exc))
     if (args.grpc_use_ssl or args.grpc_use_ssl_mutual) and not (
         args.grpc_server_cert and args.grpc_server_key
     ):
@@ -322,6 +334,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, list[str]]:
         grpc_max_connection_age=args.grpc_max_connection_age,
         grpc_max_connection_age_grace=args.grpc_max_connection_age_grace,
         grpc_restricted_protocols=restricted,
+        http_restricted_apis=http_restricted,
         grpc_use_ssl=args.grpc_use_ssl,
         grpc_use_ssl_mutual=args.grpc_use_ssl_mutual,
         grpc_server_cert=args.grpc_server_cert,

@@ -140,7 +140,9 @@ class Server:
 
     async def _start_http(self, core: ServerCore) -> None:
         settings = self.settings
-        frontend = HttpFrontend(core, settings.http_max_input_size, settings.log)
+        frontend = HttpFrontend(
+            core, settings.http_max_input_size, settings.log, settings.http_restricted_apis
+        )
         self._http = HttpServer(frontend.handle, settings.http_max_input_size)
         try:
             await self._http.start(settings.http_address, settings.http_port)

@@ -48,6 +48,8 @@ class Settings:
     grpc_http2_max_ping_strikes: int = 2
     grpc_max_connection_age: int | None = None
     grpc_max_connection_age_grace: int | None = None
+    # restricted category -> (header name, value), from --http-restricted-api
+    http_restricted_apis: dict[str, tuple[str, str]] = field(default_factory=dict)
     # restricted category -> (metadata key, value), from --grpc-restricted-protocol
     grpc_restricted_protocols: dict[str, tuple[str, str]] = field(default_factory=dict)
     grpc_use_ssl: bool = False

@@ -34,7 +34,7 @@ class GrpcOptions:
     http2_max_ping_strikes: int = 2
     max_connection_age_ms: int | None = None
     max_connection_age_grace_ms: int | None = None
-    # category -> (metadata key, value), see restricted.py
+    # category -> (metadata key, value), see frontends/restricted.py
     restricted: dict[str, tuple[str, str]] = field(default_factory=dict)
     use_ssl: bool = False
     use_ssl_mutual: bool = False

@@ -71,10 +71,16 @@ class HttpFrontend:
         core: ServerCore,
         max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
         log_settings: LogSettings | None = None,
+        restrictions: dict[str, tuple[str, str]] | None = None,
     ) -> None:
         self.core = core
         self.max_input_size = max_input_size
         self.log_settings = log_settings
+        # --http-restricted-api: category -> (header, value)
+        self.restrictions = {
+            category: (header.encode("latin-1"), value.encode("latin-1"))
+            for category, (header, value) in (restrictions or {}).items()
+        }
 
     def handle(self, request: HttpRequest) -> Outcome:
         try:
@@ -89,6 +95,8 @@ class HttpFrontend:
         if not parts or parts[0] != "v2":
             raise HttpError(404, "Not Found")
         parts = parts[1:]
+        if self.restrictions:
+            self._check_restriction(request, parts)
         if not parts:
             _require(method, "GET")
             return json_response(self.core.metadata())
@@ -108,6 +116,17 @@ class HttpFrontend:
             status, document = handle_logging(self.log_settings, request.method, body)
             return json_response(document, status)
         raise HttpError(404, "Not Found")
+
+    def _check_restriction(self, request: HttpRequest, parts: list[str]) -> None:
+        """403 unless the request carries the header its API group needs (Triton checks this
+        before anything else, the method included)."""
+        rule = self.restrictions.get(_category(parts))
+        if rule is not None:
+            header, value = rule
+            if request.headers.get(header) != value:
+                raise HttpError(
+                    403, f"This API is restricted, expecting header '{header.decode('latin-1')}'"
+                )
 
     def _repository(self, request: HttpRequest, parts: list[str]) -> Outcome:
         if parts == ["index"]:
@@ -287,6 +306,41 @@ def _traced(
 def _empty_or_error(future: asyncio.Future[Any]) -> HttpResponse:
     exc = future.exception()
     return _error_of(exc) if exc is not None else HttpResponse(200)
+
+
+# The restricted-API group of each path (Triton's RestrictedCategory), by the path's head.
+_GROUPS = {
+    "health": "health",
+    "repository": "model-repository",
+    "logging": "logging",
+    "trace": "trace",
+    "systemsharedmemory": "shared-memory",
+    "cudasharedmemory": "shared-memory",
+}
+# ... and under /v2/models/<m>[/versions/<v>]/, by the last part.
+_MODEL_GROUPS = {
+    "ready": "health",
+    "config": "model-config",
+    "stats": "statistics",
+    "infer": "inference",
+    "generate": "inference",
+    "generate_stream": "inference",
+    "setting": "trace",
+}
+
+
+def _category(parts: list[str]) -> str:
+    """The API group of the path `/v2/<parts>` ("" when the path names none)."""
+    if not parts:
+        return "metadata"
+    if parts[0] != "models":
+        return _GROUPS.get(parts[0], "")
+    if parts[1:] == ["stats"]:
+        return "statistics"
+    rest = parts[2:]
+    if rest[:1] == ["versions"]:
+        rest = rest[2:]
+    return _MODEL_GROUPS.get(rest[-1], "") if rest else "metadata"
 
 
 def _require(method: str, allowed: str) -> None:
