@@ -38,6 +38,8 @@ class RequestsResult:
     input_ns: int = 0
     infer_ns: int = 0
     output_ns: int = 0
+    # Per request: the response parameters the model set (None: none), when any request has some.
+    parameters: list[dict[str, Any] | None] | None = None
 
 
 class BackendInstance(ABC):
@@ -56,6 +58,11 @@ class BackendInstance(ABC):
     def healthy(self) -> bool:
         """False while the instance cannot execute (a crashed worker being restarted): the
         model then reports not ready."""
+        return True
+
+    def ready_check(self) -> bool:
+        """The model's own readiness check (a Python model's `is_ready()`), asked by the model
+        ready endpoints only; called on the event loop, so it must not block for long."""
         return True
 
     def close(self) -> None:  # noqa: B027 - optional hook

@@ -44,6 +44,8 @@ class Job:
     # its responses go to.
     response_error: InferenceServerError | None = None
     stream: Any = None
+    # Per-request path: the parameters the model set on this request's response.
+    response_parameters: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -145,6 +147,9 @@ class InstanceWorker:
             )
             return result
         outputs: list[dict[str, np.ndarray]] = []
+        if done.parameters is not None:
+            for job, parameters in zip(batch, done.parameters, strict=True):
+                job.response_parameters = parameters
         for job, answer in zip(batch, done.outputs, strict=True):
             if isinstance(answer, InferenceServerError):
                 job.response_error = answer

@@ -74,8 +74,13 @@ class ModelVersion:
 
     def healthy(self) -> bool:
         """Ready, and every instance able to execute (a Python model's crashed worker being
-        restarted is not): what the readiness endpoints report."""
+        restarted is not)."""
         return self.ready and all(w.instance.healthy() for w in self._workers)
+
+    def ready_check(self) -> bool:
+        """What the model ready endpoints report: healthy, and every instance's own readiness
+        check (a Python model's `is_ready()`) passes."""
+        return self.healthy() and all(w.instance.ready_check() for w in self._workers)
 
     def infer(self, request: InferRequest) -> asyncio.Future[InferResponse]:
         """Validate and queue a request; the future resolves with its response."""
@@ -155,7 +160,10 @@ class ModelVersion:
             # count a success (as Triton counts it).
             future.set_exception(job.response_error)
             return
-        future.set_result(self._response(request, outputs))
+        response = self._response(request, outputs)
+        if job.response_parameters:
+            response.parameters.update(job.response_parameters)
+        future.set_result(response)
 
     def _complete_stream(
         self, job: Job, result: BatchResult | None, now: int, error: InferenceServerError | None
@@ -312,18 +320,23 @@ class ResponseStream:
         outputs: dict[str, np.ndarray] | None,
         error: InferenceServerError | None,
         final: bool,
+        parameters: dict[str, Any] | None = None,
     ) -> None:
-        """One response (outputs), an error, or the final flag alone (both None)."""
+        """One response (outputs, and the parameters the model set on it), an error, or the
+        final flag alone (both None)."""
         with contextlib.suppress(RuntimeError):  # RuntimeError: the loop closed (stopping)
-            self._loop.call_soon_threadsafe(self._put_outputs, outputs, error, final)
+            self._loop.call_soon_threadsafe(self._put_outputs, outputs, error, final, parameters)
 
     def _put_outputs(
         self,
         outputs: dict[str, np.ndarray] | None,
         error: InferenceServerError | None,
         final: bool,
+        parameters: dict[str, Any] | None = None,
     ) -> None:
         response = None if outputs is None else self._model._response(self._request, outputs)
+        if response is not None and parameters:
+            response.parameters.update(parameters)
         self.put(response, error, final)
 
     def put(

@@ -18,6 +18,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from oceanus import __version__
 from oceanus.backends import set_server
 from oceanus.core import repository
+from oceanus.core.custom_metrics import CustomMetricRegistry
 from oceanus.core.errors import (
     InferenceServerError,
     invalid_arg,
@@ -78,6 +79,8 @@ class ServerCore:
             _gpu_count(),
         )
         self.tracer = TraceManager(options.trace, options.span_exporter)
+        # Metric families the models create (Python models' pb_utils.MetricFamily), for /metrics.
+        self.custom_metrics = CustomMetricRegistry()
         self.live = False
         self._shutting_down = False
         self._poller: asyncio.Task[None] | None = None
@@ -189,8 +192,10 @@ class ServerCore:
         return model_version
 
     def model_ready(self, name: str, version: str = "") -> bool:
+        """The model ready endpoints' answer (and `pb_utils.is_model_ready`): loaded, healthy,
+        and the model's own readiness check (a Python model's `is_ready()`) passes."""
         try:
-            return self.resolve(name, version).healthy()
+            return self.resolve(name, version).ready_check()
         except InferenceServerError:
             return False
 

@@ -43,6 +43,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from oceanus.backends import get_server
 from oceanus.backends.base import Backend, BackendInstance, InstanceSpec, RequestsResult
 from oceanus.backends.python import transport as tp
+from oceanus.core.custom_metrics import CustomMetricRegistry, MetricError, MetricOwner
 from oceanus.core.errors import (
     ErrorCode,
     InferenceServerError,
@@ -64,6 +65,14 @@ FINALIZE_WAIT_S = 30.0
 # calls from the model's own threads) once it has gone unread this long.
 STANDBY_AFTER_S = 0.02
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
+# A model's is_ready(): an answer younger than this is reused; an endpoint waits this long for a
+# fresh answer (on the event loop) before it reports the last one; a check unanswered this long
+# reports not ready (Triton's 5 s timeout).
+IS_READY_CACHE_S = 0.5
+IS_READY_WAIT_S = 0.2
+IS_READY_TIMEOUT_S = 5.0
+# Custom metrics of instances loaded without a running server core (unit tests).
+_FALLBACK_METRICS = CustomMetricRegistry()
 # Request parameters Triton turns into request fields instead of passing them on to the model.
 _RESERVED_PARAMETERS = frozenset(
     {
@@ -100,6 +109,12 @@ def _worker_env() -> dict[str, str]:
     if _PACKAGE_ROOT not in path.split(os.pathsep):
         env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + path if path else "")
     return env
+
+
+def _metric_registry() -> CustomMetricRegistry:
+    server, _ = get_server()
+    registry = getattr(server, "custom_metrics", None)
+    return registry if isinstance(registry, CustomMetricRegistry) else _FALLBACK_METRICS
 
 
 def _exit_text(returncode: int | None) -> str:
@@ -195,6 +210,8 @@ class _Worker:
         writer: tp.RingWriter,
         reader: tp.RingReader,
         prefix: str,
+        metrics: MetricOwner,
+        has_is_ready: bool,
     ) -> None:
         self.generation = generation
         self.process = process
@@ -202,9 +219,17 @@ class _Worker:
         self.writer = writer
         self.reader = reader
         self.prefix = prefix
+        self.metrics = metrics  # the custom metrics this worker created
         self.finalized = False
         self.mailbox: tp.Mailbox | None = None
         self.threads: list[threading.Thread] = []
+        # The model's is_ready(), when it has one: the last answer, when it came, the check
+        # in flight (id, sent at).
+        self.has_is_ready = has_is_ready
+        self.user_ready = True
+        self.checked_at = -IS_READY_CACHE_S
+        self.check_id: int | None = None
+        self.check_sent = 0.0
 
 
 class PythonInstance(BackendInstance):
@@ -247,7 +272,11 @@ class PythonInstance(BackendInstance):
         self._batches: dict[int, _Batch] = {}
         self._jobs: dict[int, Any] = {}  # key -> job, while its batch executes
         self._streams: dict[int, Any] = {}  # key -> job stream, decoupled models
-        self._stash: dict[int, dict[str, np.ndarray] | InferenceServerError] = {}
+        # key -> (outputs or error, parameters): a non-decoupled model's response sent through
+        # its response sender, until the batch's result comes.
+        self._stash: dict[
+            int, tuple[dict[str, np.ndarray] | InferenceServerError, dict[str, Any] | None]
+        ] = {}
         self._keys = itertools.count(1)
         self._batch_ids = itertools.count(1)
         self._bls_tasks: set[asyncio.Future[None]] = set()
@@ -268,6 +297,7 @@ class PythonInstance(BackendInstance):
         parent, child = socket.socketpair()
         process: subprocess.Popen[bytes] | None = None
         channel = tp.Channel(parent)
+        metrics = _metric_registry().owner()
         try:
             process = subprocess.Popen(
                 _worker_command(child.fileno()), pass_fds=(child.fileno(),), env=_worker_env()
@@ -297,11 +327,16 @@ class PythonInstance(BackendInstance):
                     ) from None
                 if message[0] == tp.LOG:
                     self._on_log(message)
+                elif message[0] == tp.CALL:  # from initialize(): metrics, model loading
+                    self._on_call(channel, metrics, message)
+                elif message[0] == tp.METRIC:
+                    _on_metric(metrics, message)
                 elif message[0] == tp.READY:
                     break
             if message[1] is not None:
                 raise internal(str(message[1]))
         except BaseException:
+            metrics.close()
             channel.close()
             child.close()
             if process is not None:
@@ -314,7 +349,10 @@ class PythonInstance(BackendInstance):
         # behind in /dev/shm whatever happens to either process.
         _unlink(s2w)
         _unlink(w2s)
-        worker = _Worker(generation, process, channel, writer, reader, prefix)
+        has_is_ready = len(message) > 2 and bool(message[2])
+        worker = _Worker(
+            generation, process, channel, writer, reader, prefix, metrics, has_is_ready
+        )
         worker.mailbox = tp.Mailbox(
             channel,
             functools.partial(self._dispatch, worker),
@@ -338,6 +376,40 @@ class PythonInstance(BackendInstance):
 
     def healthy(self) -> bool:
         return self._ready.is_set()
+
+    def ready_check(self) -> bool:
+        """Healthy, and the model's is_ready() (when it has one) said True.
+
+        Called on the event loop by the model ready endpoints. An answer younger than
+        IS_READY_CACHE_S is reused; otherwise one check is sent to the worker (never two at a
+        time) and this waits up to IS_READY_WAIT_S for it, then reports the last answer (the
+        late one is kept for the next call). A check unanswered for IS_READY_TIMEOUT_S, an
+        exception or a non-bool result report not ready."""
+        if not self._ready.is_set():
+            return False
+        worker = self._worker
+        if worker is None or not worker.has_is_ready:
+            return True
+        send = None
+        with self._lock:
+            now = time.monotonic()
+            if worker.check_id is None and now - worker.checked_at >= IS_READY_CACHE_S:
+                send = worker.check_id = next(self._keys)
+                worker.check_sent = now
+            pending = worker.check_id
+        if send is not None:
+            try:
+                worker.channel.send((tp.IS_READY, send))
+            except OSError:
+                return False
+        mailbox = worker.mailbox
+        if pending is not None and mailbox is not None:
+            mailbox.wait(lambda: worker.check_id != pending or mailbox.closed, IS_READY_WAIT_S)
+        with self._lock:
+            late = worker.check_id is not None and (
+                time.monotonic() - worker.check_sent > IS_READY_TIMEOUT_S
+            )
+            return worker.user_ready and not late and self._ready.is_set()
 
     def _watch(self, worker: _Worker) -> None:
         """The watchdog: learns at once when the worker process ends, whatever the cause."""
@@ -380,6 +452,7 @@ class PythonInstance(BackendInstance):
             mailbox.cond.notify_all()
         worker.channel.close()  # a thread still reading gets end of file
         mailbox.close()
+        worker.metrics.close()
         for path in glob.glob(f"{worker.prefix}-*"):
             _unlink(path)
         for stream in streams.values():
@@ -425,6 +498,7 @@ class PythonInstance(BackendInstance):
         for thread in worker.threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=10)
+        worker.metrics.close()
         worker.writer.close()
         worker.reader.close()
 
@@ -496,10 +570,14 @@ class PythonInstance(BackendInstance):
                     for key in keys:
                         self._streams.pop(key, None)
             raise item
-        outputs, output_ns = item
+        outputs, parameters, output_ns = item
         done = time.monotonic_ns()
         return RequestsResult(
-            outputs, input_ns=sent - started, infer_ns=done - sent - output_ns, output_ns=output_ns
+            outputs,
+            input_ns=sent - started,
+            infer_ns=done - sent - output_ns,
+            output_ns=output_ns,
+            parameters=parameters if any(p is not None for p in parameters) else None,
         )
 
     def _unhealthy(self) -> InferenceServerError:
@@ -563,6 +641,12 @@ class PythonInstance(BackendInstance):
             self._on_bls(worker, message)
         elif kind == tp.QUERY:
             self._on_query(worker, message)
+        elif kind == tp.METRIC:
+            _on_metric(worker.metrics, message)
+        elif kind == tp.CALL:
+            self._on_call(worker.channel, worker.metrics, message)
+        elif kind == tp.IS_READY_ANSWER:
+            self._on_is_ready(worker, message)
         elif kind == tp.FINALIZED:
             worker.finalized = True
 
@@ -582,24 +666,29 @@ class PythonInstance(BackendInstance):
             if batch is None:  # timed out meanwhile
                 return
             outputs: list[dict[str, np.ndarray] | InferenceServerError] = []
+            parameters: list[dict[str, Any] | None] = []
             for key, payload in zip(batch.keys, payloads, strict=True):
                 if payload is None:
                     if self.decoupled:
                         outputs.append({})
+                        parameters.append(None)
                     else:
                         stashed = self._stash.pop(key, None)
-                        outputs.append(
-                            stashed
-                            if stashed is not None
-                            else internal(
-                                f"model instance '{self.name}' sent no response for a request"
+                        if stashed is None:
+                            stashed = (
+                                internal(
+                                    f"model instance '{self.name}' sent no response for a request"
+                                ),
+                                None,
                             )
-                        )
+                        outputs.append(stashed[0])
+                        parameters.append(stashed[1])
                 else:
                     outputs.append(_payload_outputs(block, payload))
+                    parameters.append(_payload_parameters(payload))
         finally:
             worker.reader.release(token)
-        batch.result = (outputs, time.monotonic_ns() - started)
+        batch.result = (outputs, parameters, time.monotonic_ns() - started)
         batch.done = True
 
     def _on_response(self, worker: _Worker, message: tuple[Any, ...]) -> None:
@@ -609,9 +698,10 @@ class PythonInstance(BackendInstance):
             result = _payload_outputs(block, payload) if payload is not None else None
         finally:
             worker.reader.release(token)
+        parameters = _payload_parameters(payload)
         if not self.decoupled:
             if result is not None:
-                self._stash[key] = result
+                self._stash[key] = (result, parameters)
             return
         stream = self._streams.get(key)
         if final:
@@ -621,7 +711,7 @@ class PythonInstance(BackendInstance):
         if isinstance(result, InferenceServerError):
             stream.send(None, result, final)
         else:
-            stream.send(result, None, final)
+            stream.send(result, None, final, parameters)
 
     def _on_log(self, message: tuple[Any, ...]) -> None:
         _, level, text = message
@@ -629,15 +719,85 @@ class PythonInstance(BackendInstance):
 
     def _on_query(self, worker: _Worker, message: tuple[Any, ...]) -> None:
         query_id, key = message[1], message[2]
-        if key == -1:  # pb_utils.is_model_ready(name, version)
-            server, _ = get_server()
-            answer = bool(server is not None and server.model_ready(message[3], message[4]))
-        else:
-            job = self._jobs.get(key)
-            future = getattr(job, "future", None)
-            answer = bool(future is not None and future.cancelled())
+        job = self._jobs.get(key)
+        future = getattr(job, "future", None)
+        answer = bool(future is not None and future.cancelled())
         with contextlib.suppress(OSError):
             worker.channel.send((tp.QUERY_ANSWER, query_id, answer))
+
+    def _on_is_ready(self, worker: _Worker, message: tuple[Any, ...]) -> None:
+        _, check_id, ready, error = message
+        with self._lock:
+            if worker.check_id != check_id:
+                return
+            worker.check_id = None
+            worker.checked_at = time.monotonic()
+            worker.user_ready = bool(ready) and error is None
+        if error is not None:
+            log.error("model instance '%s': is_ready() failed: %s", self.name, error)
+
+    # ---- pb_utils calls the server answers ---------------------------------------------------
+
+    def _on_call(self, channel: tp.Channel, metrics: MetricOwner, message: tuple[Any, ...]) -> None:
+        _, call_id, operation, args = message
+        if operation in _METRIC_CALLS:
+            try:
+                result = getattr(metrics, _METRIC_CALLS[operation])(*args)
+            except MetricError as exc:
+                _answer(channel, call_id, str(exc), None)
+            else:
+                _answer(channel, call_id, None, result)
+            return
+        server, loop = get_server()
+        if server is None or loop is None:
+            _answer(channel, call_id, f"pb_utils.{operation} needs a running server", None)
+            return
+        loop.call_soon_threadsafe(self._call_on_loop, server, channel, call_id, operation, args)
+
+    def _call_on_loop(
+        self, server: Any, channel: tp.Channel, call_id: int, operation: str, args: Any
+    ) -> None:
+        """On the event loop: readiness, load and unload through the server core."""
+        if operation == "model_ready":
+            name, version = args
+            _answer(channel, call_id, None, bool(server.model_ready(name, version)))
+            return
+        if operation == "load_model":
+            name, config, files = args
+            wrong = [key for key in files if not key.startswith("file:")]
+            if wrong:
+                error = f"Unrecognized load parameter '{wrong[0]}' with type 'BYTES'"
+                _answer(channel, call_id, error, None)
+                return
+            contents = {key[len("file:") :]: value for key, value in files.items()}
+            coroutine = server.load_model(name, config or None, contents or None)
+        elif operation == "unload_model":
+            name = args[0]
+            coroutine = server.unload_model(name)
+        else:
+            _answer(channel, call_id, f"unknown operation '{operation}'", None)
+            return
+        task = asyncio.ensure_future(coroutine)
+        self._bls_tasks.add(task)
+
+        def done(task: asyncio.Future[None]) -> None:
+            self._bls_tasks.discard(task)
+            if task.cancelled():
+                _answer(channel, call_id, "cancelled", None)
+                return
+            exc = task.exception()
+            if exc is None:
+                _answer(channel, call_id, None, None)
+            else:
+                _answer(channel, call_id, _as_server_error(exc).message, None)
+
+        if operation == "unload_model" and name == self.model_name:
+            # A model unloading itself from execute(): the unload waits for that very request,
+            # so the answer cannot wait for the unload.
+            task.add_done_callback(self._bls_tasks.discard)
+            _answer(channel, call_id, None, None)
+            return
+        task.add_done_callback(done)
 
     # ---- BLS ---------------------------------------------------------------------------------
 
@@ -692,7 +852,7 @@ class PythonInstance(BackendInstance):
         queued get Triton's BLS wording (request_executor.cc)."""
         name, version = request.model_name, request.model_version
         try:
-            if not server.model_ready(name, version):
+            if not _serving(server, name, version):
                 raise internal(
                     f"Failed for execute the inference request. Model '{name}' is not ready."
                 )
@@ -778,6 +938,38 @@ class PythonInstance(BackendInstance):
             pass  # the worker is gone
 
 
+_METRIC_CALLS = {
+    "family_new": "new_family",
+    "metric_new": "new_metric",
+    "metric_value": "value",
+}
+_METRIC_UPDATES = ("increment", "set", "observe")
+
+
+def _on_metric(metrics: MetricOwner, message: tuple[Any, ...]) -> None:
+    """A metric update or deletion (no answer: the worker checked what it could)."""
+    _, number, operation, value = message
+    if operation in _METRIC_UPDATES:
+        metrics.update(number, operation, value)
+    elif operation == "delete_metric":
+        metrics.delete_metric(number)
+    elif operation == "delete_family":
+        metrics.delete_family(number)
+
+
+def _serving(server: Any, name: str, version: str) -> bool:
+    """Loaded and healthy (a model's own is_ready() does not stop BLS requests, as in Triton)."""
+    try:
+        return bool(server.resolve(name, version).healthy())
+    except InferenceServerError:
+        return False
+
+
+def _answer(channel: tp.Channel, call_id: int, error: str | None, result: Any) -> None:
+    with contextlib.suppress(OSError):  # the worker is gone
+        channel.send((tp.CALL_ANSWER, call_id, error, result))
+
+
 def _payload_outputs(
     block: np.ndarray | None, payload: tuple[Any, ...]
 ) -> dict[str, np.ndarray] | InferenceServerError:
@@ -786,6 +978,14 @@ def _payload_outputs(
         return InferenceServerError(ErrorCode[code], message)
     _, descs, _parameters = payload
     return {name: array for name, _, array in tp.unpack(block, descs, copy=True)}
+
+
+def _payload_parameters(payload: tuple[Any, ...] | None) -> dict[str, Any] | None:
+    """The response parameters a model set (None when it set none)."""
+    if payload is None or payload[0] != "ok" or not payload[2] or payload[2] == "{}":
+        return None
+    parameters = json.loads(payload[2])
+    return parameters if isinstance(parameters, dict) and parameters else None
 
 
 def _as_server_error(exc: BaseException) -> InferenceServerError:

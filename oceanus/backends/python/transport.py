@@ -48,6 +48,11 @@ QUERY = "q"  # worker -> server: is request `key` cancelled?
 QUERY_ANSWER = "Q"  # server -> worker
 FINALIZE = "f"  # server -> worker: call finalize() and exit
 FINALIZED = "F"  # worker -> server
+CALL = "c"  # worker -> server: (CALL, id, operation, args) a pb_utils call the server answers
+CALL_ANSWER = "C"  # server -> worker: (CALL_ANSWER, id, error text or None, result)
+METRIC = "m"  # worker -> server: (METRIC, metric id, operation, value), no answer
+IS_READY = "i"  # server -> worker: (IS_READY, id) call the model's is_ready()
+IS_READY_ANSWER = "I"  # worker -> server: (IS_READY_ANSWER, id, ready, error text or None)
 
 _LENGTH = struct.Struct("<I")
 _TAIL = struct.Struct("<Q")

@@ -10,6 +10,8 @@ queries and logging to the server log (which then goes to Python's logging).
 from __future__ import annotations
 
 import asyncio
+import collections
+import itertools
 import json
 import logging
 import struct
@@ -426,8 +428,46 @@ class _Runtime:
             message,
         )
 
-    def model_ready(self, name: str, version: str) -> bool:
-        return False
+    def server_call(self, operation: str, *args: Any) -> Any:
+        """Ask the server (model readiness, load, unload) and wait for its answer; raises
+        TritonModelException with the server's error."""
+        if operation == "model_ready":
+            return False
+        raise TritonModelException(f"pb_utils.{operation} works only inside a running model")
+
+    # Custom metrics: outside a worker they live in this process.
+    _metrics: Any = None
+
+    def _metric_owner(self) -> Any:
+        if self._metrics is None:
+            from oceanus.core.custom_metrics import CustomMetricRegistry
+
+            self._metrics = CustomMetricRegistry().owner()
+        return self._metrics
+
+    def metric_call(self, operation: str, *args: Any) -> Any:
+        """family_new / metric_new / metric_value: answered; raises TritonModelException."""
+        from oceanus.core.custom_metrics import MetricError
+
+        owner = self._metric_owner()
+        try:
+            if operation == "family_new":
+                return owner.new_family(*args)
+            if operation == "metric_new":
+                return owner.new_metric(*args)
+            return owner.value(*args)
+        except MetricError as exc:
+            raise TritonModelException(str(exc)) from None
+
+    def metric_update(self, metric_id: int, operation: str, value: float) -> None:
+        self._metric_owner().update(metric_id, operation, value)
+
+    def metric_delete(self, what: str, number: int) -> None:
+        owner = self._metric_owner()
+        if what == "family":
+            owner.delete_family(number)
+        else:
+            owner.delete_metric(number)
 
     def wait(self, done: Any) -> None:
         """Block until done() (the worker reads its messages meanwhile)."""
@@ -757,15 +797,46 @@ class ResponseIterator:
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
-    return _runtime.model_ready(model_name, model_version)
+    """Whether the server reports the model (version) ready, as its ready endpoint does."""
+    if model_version:
+        try:
+            number = int(model_version)
+        except ValueError:
+            raise TritonModelException(
+                "Failed to check model readiness: failed to get model version from specified "
+                f"version string '{model_version}' (details: stol), version should be an "
+                "integral value > 0"
+            ) from None
+        if number < 0:
+            raise TritonModelException(
+                "Failed to check model readiness: failed to get model version from specified "
+                f"version string '{model_version}', version should be an integral value > 0"
+            )
+    return bool(_runtime.server_call("model_ready", model_name, model_version))
 
 
 def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
-    raise TritonModelException("pb_utils.load_model is not supported by Oceanus yet")
+    """Load (or reload) a model, as the repository extension's load does: only when the server
+    runs with `--model-control-mode=explicit`. `config`: a config override in JSON; `files`:
+    {"file:<version>/<name>": bytes} forming the model's folder (needs `config`)."""
+    if files is not None and not isinstance(files, dict):
+        raise TritonModelException(
+            f"failed to load model '{model_name}', files should be a dictionary of file paths "
+            "and file contents"
+        )
+    contents = {str(k): bytes(v) for k, v in (files or {}).items()}
+    try:
+        _runtime.server_call("load_model", model_name, config or "", contents)
+    except TritonModelException as exc:
+        raise TritonModelException(f"Failed to load model: {exc.message()}") from None
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
-    raise TritonModelException("pb_utils.unload_model is not supported by Oceanus yet")
+    """Unload a model (explicit model control mode only). Returns once it is unloaded."""
+    try:
+        _runtime.server_call("unload_model", model_name, bool(unload_dependents))
+    except TritonModelException as exc:
+        raise TritonModelException(f"Failed to unload model: {exc.message()}") from None
 
 
 # ---- logging ------------------------------------------------------------------------------------
@@ -803,50 +874,96 @@ class Logger:
 
 # ---- custom metrics -----------------------------------------------------------------------------
 
+# Deletions noted by __del__ (which may run inside any other call, under any lock, when the
+# garbage collector runs); sent before the next metric call or at the end of execute.
+_DEFERRED: collections.deque[tuple[str, int]] = collections.deque()
+_METRIC_IDS = itertools.count(1)
+_KIND_NAMES = {0: "counter", 1: "gauge", 2: "histogram"}
+_CLEARED = (
+    "Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The "
+    "'MetricFamily' object should be deleted AFTER its corresponding 'Metric' objects have been "
+    "deleted."
+)
+
+
+def _flush_deferred() -> None:
+    while _DEFERRED:
+        try:
+            what, number = _DEFERRED.popleft()
+        except IndexError:
+            return
+        _runtime.metric_delete(what, number)
+
 
 class Metric:
-    """One labelled metric of a MetricFamily. Values live in the worker process only."""
+    """One labelled metric of a MetricFamily. Its value lives in the server: operations are sent
+    to it (increment/set/observe without waiting; `value()` asks), and /metrics exports it."""
 
     def __init__(
         self, family: MetricFamily, labels: dict[str, str], buckets: list[float] | None
     ) -> None:
-        self._family = family
-        self._labels = dict(labels or {})
-        self._value = 0.0
-        self._buckets = list(buckets or [])
-        self._observations: list[float] = []
-        self._lock = threading.Lock()
+        self._id = next(_METRIC_IDS)
+        self._kind = family._kind
+        self._cleared = True  # until the server accepted it
+        _flush_deferred()
+        try:
+            _runtime.metric_call("metric_new", self._id, family._id, labels, buckets)
+        except TritonModelException as exc:
+            raise TritonModelException(f"Error when creating Metric: {exc.message()}") from None
+        self._cleared = False
+
+    def _update(self, operation: str, value: float, failure: str) -> None:
+        if self._cleared:
+            raise TritonModelException(f"{failure}: {_CLEARED}")
+        kind = self._kind
+        refused = None
+        if operation == "increment":
+            if kind == MetricFamily.COUNTER and value < 0:
+                refused = (
+                    "TRITONSERVER_METRIC_KIND_COUNTER can only be incremented monotonically "
+                    "by non-negative values."
+                )
+            elif kind == MetricFamily.HISTOGRAM:
+                refused = "TRITONSERVER_METRIC_KIND_HISTOGRAM does not support Increment"
+        elif operation == "set" and kind != MetricFamily.GAUGE:
+            refused = f"TRITONSERVER_METRIC_KIND_{_KIND_NAMES[kind].upper()} does not support Set"
+        elif operation == "observe" and kind != MetricFamily.HISTOGRAM:
+            refused = (
+                f"TRITONSERVER_METRIC_KIND_{_KIND_NAMES[kind].upper()} does not support Observe"
+            )
+        if refused is not None:
+            raise TritonModelException(f"{failure}: {refused}")
+        _flush_deferred()
+        _runtime.metric_update(self._id, operation, float(value))
 
     def increment(self, value: float) -> None:
-        if self._family._kind == MetricFamily.COUNTER and value < 0:
-            raise TritonModelException("Failed to increment metric: counters only go up")
-        with self._lock:
-            self._value += value
+        self._update("increment", value, "Failed to increment metric value")
 
     def set(self, value: float) -> None:
-        if self._family._kind != MetricFamily.GAUGE:
-            raise TritonModelException("Failed to set metric value: only gauges can be set")
-        with self._lock:
-            self._value = value
+        self._update("set", value, "Failed to set metric value")
 
     def observe(self, value: float) -> None:
-        if self._family._kind != MetricFamily.HISTOGRAM:
-            raise TritonModelException("Failed to observe metric: only histograms observe")
-        with self._lock:
-            self._observations.append(value)
-            self._value += value
+        self._update("observe", value, "Failed to observe metric value")
 
     def value(self) -> float:
-        return self._value
+        if self._cleared:
+            raise TritonModelException(f"Failed to get metric value: {_CLEARED}")
+        _flush_deferred()
+        try:
+            return float(_runtime.metric_call("metric_value", self._id))
+        except TritonModelException as exc:
+            raise TritonModelException(f"Failed to get metric value: {exc.message()}") from None
+
+    def __del__(self) -> None:
+        if not getattr(self, "_cleared", True):
+            _DEFERRED.append(("metric", self._id))
 
 
 class MetricFamily:
-    """Triton's custom metrics API, accepted and recorded but NOT exported yet.
-
-    `MetricFamily(name, description, kind)` and `family.Metric(labels=...)` work and the metric
-    objects keep their values inside the worker process (`value()` reads them back), but nothing
-    reaches the server's /metrics endpoint: wiring custom metrics into Prometheus output is still
-    to do."""
+    """Triton's custom metrics API: `MetricFamily(name, description, kind)`, then
+    `family.Metric(labels={...})` (histograms: `buckets=[...]`). Families and their metrics are
+    kept by the server and exported on its /metrics endpoint; deleting a family (or unloading the
+    model) removes it and its metrics there."""
 
     COUNTER = 0
     GAUGE = 1
@@ -855,14 +972,48 @@ class MetricFamily:
     def __init__(self, name: str, description: str, kind: int) -> None:
         if kind not in (self.COUNTER, self.GAUGE, self.HISTOGRAM):
             raise TritonModelException("MetricFamily kind must be COUNTER, GAUGE or HISTOGRAM")
+        self._id = next(_METRIC_IDS)
         self._name = name
         self._description = description
         self._kind = kind
+        # The family keeps its metrics (as Triton's does): they go when the family goes.
+        self._metrics: list[Metric] = []
+        self._created = False
+        _flush_deferred()
+        try:
+            _runtime.metric_call(
+                "family_new", self._id, str(name), str(description), _KIND_NAMES[kind]
+            )
+        except TritonModelException as exc:
+            raise TritonModelException(
+                f"Error when creating MetricFamily: {exc.message()}"
+            ) from None
+        self._created = True
 
     def Metric(
         self, labels: dict[str, str] | None = None, buckets: list[float] | None = None
     ) -> Metric:
-        return Metric(self, labels or {}, buckets)
+        if labels is not None and not isinstance(labels, dict):
+            raise TritonModelException("Failed to create metric. Labels must be a dictionary.")
+        if buckets is not None:
+            if not isinstance(buckets, list):
+                raise TritonModelException("Failed to create metric. Buckets must be a list.")
+            if self._kind != self.HISTOGRAM:
+                raise TritonModelException("Failed to create metric. Unexpected buckets found.")
+            buckets = [float(b) for b in buckets]
+        elif self._kind == self.HISTOGRAM:
+            raise TritonModelException("Failed to create metric. Missing required buckets.")
+        metric = Metric(self, {str(k): str(v) for k, v in (labels or {}).items()}, buckets)
+        self._metrics.append(metric)
+        return metric
+
+    def __del__(self) -> None:
+        if not getattr(self, "_created", False):
+            return
+        for metric in self._metrics:
+            metric._cleared = True
+        self._metrics = []
+        _DEFERRED.append(("family", self._id))
 
 
 # ---- auto-complete ------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ from oceanus.backends.python import utils as pb
 # The standby reader takes over reading after the socket went unread this long (the main thread
 # reads it whenever it waits for the next batch or for an answer).
 STANDBY_AFTER_S = 0.02
+# How long an `async def is_ready` may take (the server reports not ready after this long too).
+IS_READY_TIMEOUT_S = 5.0
 
 
 def _format_exception(exc: BaseException) -> str:
@@ -82,6 +84,7 @@ class Worker(pb._Runtime):
         self.reader: tp.RingReader | None = None
         self._bls: dict[int, Any] = {}
         self._queries: dict[int, concurrent.futures.Future[bool]] = {}
+        self._calls: dict[int, concurrent.futures.Future[tuple[str | None, Any]]] = {}
         self._ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
@@ -98,6 +101,14 @@ class Worker(pb._Runtime):
             future = self._queries.pop(message[1], None)
             if future is not None:
                 future.set_result(bool(message[2]))
+        elif kind == tp.CALL_ANSWER:
+            call = self._calls.pop(message[1], None)
+            if call is not None:
+                call.set_result((message[2], message[3]))
+        elif kind == tp.IS_READY:
+            threading.Thread(
+                target=self._check_ready, args=(message[1],), name="is_ready", daemon=True
+            ).start()
         else:
             self.inbox.append(message)
 
@@ -205,13 +216,41 @@ class Worker(pb._Runtime):
     def log(self, level: str, message: str) -> None:
         self.channel.send((tp.LOG, level, message))
 
-    def model_ready(self, name: str, version: str) -> bool:
-        query_id = next(self._ids)
-        future: concurrent.futures.Future[bool] = concurrent.futures.Future()
-        self._queries[query_id] = future
-        self.channel.send((tp.QUERY, query_id, -1, name, version))
+    def server_call(self, operation: str, *args: Any) -> Any:
+        """Ask the server and wait for its answer (reading messages meanwhile)."""
+        call_id = next(self._ids)
+        future: concurrent.futures.Future[tuple[str | None, Any]] = concurrent.futures.Future()
+        self._calls[call_id] = future
+        self.channel.send((tp.CALL, call_id, operation, args))
         self.wait(future.done)
-        return future.result()
+        error, result = future.result()
+        if error is not None:
+            raise pb.TritonModelException(error)
+        return result
+
+    def metric_call(self, operation: str, *args: Any) -> Any:
+        return self.server_call(operation, *args)
+
+    def metric_update(self, metric_id: int, operation: str, value: float) -> None:
+        self.channel.send((tp.METRIC, metric_id, operation, value))
+
+    def metric_delete(self, what: str, number: int) -> None:
+        self.channel.send((tp.METRIC, number, "delete_" + what, 0.0))
+
+    def _check_ready(self, check_id: int) -> None:
+        """The model's is_ready() (its own thread: the main thread may be executing)."""
+        ready, error = False, None
+        try:
+            result = self.model.is_ready()
+            if asyncio.iscoroutine(result):
+                result = self._run(result).result(timeout=IS_READY_TIMEOUT_S)
+            if not isinstance(result, bool):
+                raise _BackendError("is_ready() must return a boolean value")
+            ready = result
+        except BaseException as exc:
+            error = str(exc) if isinstance(exc, _BackendError) else _format_exception(exc)
+        with contextlib.suppress(OSError):
+            self.channel.send((tp.IS_READY_ANSWER, check_id, ready, error))
 
     # ---- the model ----------------------------------------------------------------------------
 
@@ -253,9 +292,10 @@ class Worker(pb._Runtime):
                 if asyncio.iscoroutine(result):
                     self._await(result)
         except BaseException as exc:
-            self.channel.send((tp.READY, _format_exception(exc)))
+            self.channel.send((tp.READY, _format_exception(exc), False))
             raise SystemExit(1) from None
-        self.channel.send((tp.READY, None))
+        pb._flush_deferred()
+        self.channel.send((tp.READY, None, callable(getattr(self.model, "is_ready", None))))
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         with self._loop_lock:
@@ -420,6 +460,7 @@ class Worker(pb._Runtime):
                     self._await(result)
             except BaseException as exc:
                 self.log("ERROR", f"finalize failed: {_format_exception(exc)}")
+        pb._flush_deferred()
         self.channel.send((tp.FINALIZED,))
 
     def serve(self) -> None:
@@ -430,6 +471,8 @@ class Worker(pb._Runtime):
             kind = message[0]
             if kind == tp.EXEC:
                 self.execute(message)
+                if pb._DEFERRED:  # metrics the model let go of
+                    pb._flush_deferred()
             elif kind == tp.FINALIZE:
                 self.finalize()
                 return

@@ -12,16 +12,25 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
+from typing import Protocol
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from oceanus.core.custom_metrics import HISTOGRAM, FamilySnapshot
 from oceanus.core.latency import SUMMARY_KINDS
 from oceanus.core.model import ModelVersion
 from oceanus.core.server import ServerCore
 from oceanus.core.statistics import FAILURE_REASONS, Duration, ModelStatistics
 from oceanus.core.system_metrics import SystemMetrics
 from oceanus.frontends.metrics.config import MetricsConfig
+
+
+class CustomFamilies(Protocol):
+    """Where custom metric families come from (the core's CustomMetricRegistry)."""
+
+    def snapshot(self) -> list[FamilySnapshot]: ...
+
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
@@ -141,10 +150,12 @@ class TritonCollector(Collector):
         core: ServerCore,
         config: MetricsConfig | None = None,
         system: SystemMetrics | None = None,
+        custom: CustomFamilies | None = None,
     ) -> None:
         self.core = core
         self.config = config or MetricsConfig()
         self.system = system
+        self.custom = custom
 
     def _versions(self) -> list[tuple[ModelVersion, dict[str, str]]]:
         out = []
@@ -162,6 +173,8 @@ class TritonCollector(Collector):
             yield from self._model_families(versions)
         if self.system is not None:
             yield from self._system_families()
+        if self.custom is not None:
+            yield from _custom_families(self.custom.snapshot())
 
     def _model_families(
         self, versions: list[tuple[ModelVersion, dict[str, str]]]
@@ -254,6 +267,23 @@ class TritonCollector(Collector):
             metric = Metric(name, help_text, "gauge")
             metric.add_sample(name, {}, float(value))
             yield metric
+
+
+def _custom_families(families: list[FamilySnapshot]) -> Iterator[Metric]:
+    """Families the models created, as they named and labelled them (after Triton's own, as
+    Triton lists them: they are registered later)."""
+    for family in families:
+        metric = Metric(family.name, family.description, family.kind)
+        for sample in family.samples:
+            if family.kind != HISTOGRAM:
+                metric.add_sample(family.name, sample.labels, sample.value)
+                continue
+            metric.add_sample(family.name + "_count", sample.labels, float(sample.count))
+            metric.add_sample(family.name + "_sum", sample.labels, sample.value)
+            for bound, count in sample.buckets:
+                le = "+Inf" if math.isinf(bound) else _bound(bound)
+                metric.add_sample(family.name + "_bucket", {**sample.labels, "le": le}, count)
+        yield metric
 
 
 def _bound(value: float) -> str:

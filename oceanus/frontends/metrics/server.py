@@ -89,7 +89,9 @@ class MetricsFrontend:
         if options.allow_cpu or options.allow_gpu:
             self.system = SystemMetrics(options.interval_ms, options.allow_cpu, options.allow_gpu)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(TritonCollector(core, options.config, self.system))
+        self.registry.register(
+            TritonCollector(core, options.config, self.system, custom=core.custom_metrics)
+        )
         self.app = MetricsApp(self.registry)
         self._server: uvicorn.Server | None = None
         self._loop_task: asyncio.Task[None] | None = None

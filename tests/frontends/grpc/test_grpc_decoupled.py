@@ -5,7 +5,6 @@ with Triton's texts."""
 from __future__ import annotations
 
 import queue
-from pathlib import Path
 from typing import Any
 
 import grpc

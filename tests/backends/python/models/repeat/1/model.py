@@ -1,4 +1,5 @@
-"""Decoupled: N responses I = 0..N-1 from a thread, then the final flag alone; N < 0: an error."""
+"""Decoupled: N responses I = 0..N-1 (response parameter "index": I) from a thread, then the
+final flag alone; N < 0: an error."""
 
 import threading
 
@@ -28,6 +29,9 @@ class TritonPythonModel:
             return
         for i in range(n):
             sender.send(
-                pb_utils.InferenceResponse([pb_utils.Tensor("I", np.array([i], dtype=np.int32))])
+                pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("I", np.array([i], dtype=np.int32))],
+                    parameters={"index": i},
+                )
             )
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
