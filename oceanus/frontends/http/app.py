@@ -10,21 +10,27 @@ import asyncio
 import gzip
 import logging
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
 
-from oceanus.core.errors import InferenceServerError, invalid_arg
+from oceanus.core.errors import InferenceServerError, internal, invalid_arg
 from oceanus.core.model_manager import decode_files
 from oceanus.core.proto_json import message_to_dict
 from oceanus.core.server import ServerCore
 from oceanus.core.tracing import Trace, TraceSettingError
-from oceanus.core.types import InferRequest
-from oceanus.frontends.http import codec
+from oceanus.core.types import InferRequest, InferResponse
+from oceanus.frontends.http import codec, generate, shared_memory
 from oceanus.frontends.http.errors import http_status
 from oceanus.frontends.http.extensions import handle_logging
-from oceanus.frontends.http.protocol import Headers, HttpRequest, HttpResponse, Pending
+from oceanus.frontends.http.protocol import (
+    Headers,
+    HttpRequest,
+    HttpResponse,
+    Pending,
+    Streamed,
+)
 from oceanus.frontends.trace_settings import unknown_model, update_from_json
 from oceanus.logs import LogSettings
 
@@ -32,8 +38,9 @@ log = logging.getLogger("oceanus.http")
 
 JSON = b"application/json"
 OCTET = b"application/octet-stream"
+EVENT_STREAM = b"text/event-stream; charset=utf-8"
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
-Outcome = HttpResponse | Pending
+Outcome = HttpResponse | Pending | Streamed
 
 
 class HttpError(Exception):
@@ -109,6 +116,8 @@ class HttpFrontend:
             return HttpResponse(200 if healthy else 400)
         if head == "repository":
             return self._repository(request, parts[1:])
+        if head in shared_memory.KINDS:
+            return self._shared_memory(request, parts)
         if parts == ["trace", "setting"]:
             return self._trace_setting(request, "")
         if head == "logging" and len(parts) == 1 and self.log_settings is not None:
@@ -116,6 +125,21 @@ class HttpFrontend:
             status, document = handle_logging(self.log_settings, request.method, body)
             return json_response(document, status)
         raise HttpError(404, "Not Found")
+
+    def _shared_memory(self, request: HttpRequest, parts: list[str]) -> HttpResponse:
+        """The system (and CUDA) shared memory extensions: see shared_memory.py."""
+        found = shared_memory.route(parts)
+        if found is None:
+            raise HttpError(404, "Not Found")
+        name, action = found
+        _require(request.method, shared_memory.allowed_method(action))
+        body = None
+        if action == "register":
+            body = codec.parse_json(self._body(request))
+        document = shared_memory.handle(self.core.shared_memory, parts[0], name, action, body)
+        if document is None:
+            return HttpResponse(200, b"", [(b"content-type", JSON)])
+        return json_response(document)
 
     def _check_restriction(self, request: HttpRequest, parts: list[str]) -> None:
         """403 unless the request carries the header its API group needs (Triton checks this
@@ -174,6 +198,9 @@ class HttpFrontend:
         if action == "infer":
             _require(method, "POST")
             return self._infer(request, name, version)
+        if action in ("generate", "generate_stream"):
+            _require(method, "POST")
+            return self._generate(request, name, version, action == "generate_stream")
         if action not in ("", "ready", "config", "stats"):
             raise HttpError(404, "Not Found")
         _require(method, "GET")
@@ -210,6 +237,7 @@ class HttpFrontend:
             header_length.decode("latin-1") if header_length is not None else None,
             name,
             version,
+            self.core.shared_memory,
         )
         parameters = infer_request.parameters
         binary_default = bool(parameters.get("binary_data_output", False)) if parameters else False
@@ -223,6 +251,19 @@ class HttpFrontend:
                 finisher = _traced(finisher, trace)
         future = self.core.infer(infer_request)
         return Pending(future, finisher)
+
+    def _generate(self, request: HttpRequest, name: str, version: str, streaming: bool) -> Outcome:
+        """The generate extension (generate.py): one JSON object, or server-sent events."""
+        encoding = request.headers.get(b"content-encoding", b"identity").strip().lower()
+        if encoding != b"identity":
+            raise invalid_arg("Unsupported content-encoding, only 'identity' is supported.")
+        inputs = self.core.model_metadata(name, version)["inputs"]
+        body = self._body(request)
+        infer_request = generate.decode_generate_request(body, name, version, inputs)
+        responses = self.core.infer_stream(infer_request)
+        if streaming:
+            return Streamed(_events(responses))
+        return Pending(asyncio.ensure_future(_only_response(responses)), _generated)
 
     def _start_trace(self, request: HttpRequest, infer_request: InferRequest) -> Trace | None:
         tracer = self.core.tracer
@@ -283,6 +324,43 @@ def _infer_finisher(
         return HttpResponse(200, payload, headers)
 
     return finish
+
+
+async def _only_response(responses: AsyncIterator[InferResponse]) -> InferResponse:
+    """/generate: the one response of the request (a decoupled model must send exactly one)."""
+    answers = [response async for response in responses]
+    if len(answers) != 1:
+        raise internal(generate.ONE_RESPONSE_ONLY)
+    return answers[0]
+
+
+def _generated(future: asyncio.Future[Any]) -> HttpResponse:
+    exc = future.exception()
+    if exc is not None:
+        return _error_of(exc)
+    return json_response(generate.generate_document(future.result()))
+
+
+async def _events(responses: AsyncIterator[InferResponse]) -> AsyncIterator[HttpResponse | bytes]:
+    """/generate_stream: each response as a server-sent event. The status is the first
+    response's (an error's status if it fails); a later error is sent as an event."""
+    head = [(b"content-type", EVENT_STREAM)]
+    try:
+        first = await anext(responses)
+    except StopAsyncIteration:
+        yield HttpResponse(200, headers=head)
+        return
+    except InferenceServerError as exc:
+        yield HttpResponse(http_status(exc.code), headers=head)
+        yield generate.server_sent_event({"error": exc.message})
+        return
+    yield HttpResponse(200, headers=head)
+    yield generate.server_sent_event(generate.generate_document(first))
+    try:
+        async for response in responses:
+            yield generate.server_sent_event(generate.generate_document(response))
+    except InferenceServerError as exc:
+        yield generate.server_sent_event({"error": exc.message})
 
 
 def _traced(

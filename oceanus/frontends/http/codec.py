@@ -14,6 +14,8 @@ import orjson
 from oceanus.core import datatypes
 from oceanus.core.datatypes import DataType
 from oceanus.core.errors import InferenceServerError, invalid_arg
+from oceanus.core.shared_memory import NO_REGIONS, SharedMemoryManager
+from oceanus.core.tensor_bytes import array_from_bytes
 from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -37,9 +39,16 @@ def _member(document: dict[str, Any], key: str) -> Any:
 
 
 def decode_infer_request(
-    body: bytes, header_length: str | None, model_name: str, model_version: str
+    body: bytes,
+    header_length: str | None,
+    model_name: str,
+    model_version: str,
+    shm: SharedMemoryManager = NO_REGIONS,
 ) -> InferRequest:
     """Build a core request from an `/infer` body (JSON, or JSON header + binary tensors).
+
+    Tensors may name regions of `shm` (the system shared memory extension) instead of carrying
+    data.
 
     Error texts are Triton's; where Triton answers a client's mistake with 500, the core's
     INVALID_ARG makes it a 400 with the same words.
@@ -77,7 +86,7 @@ def decode_infer_request(
         raise invalid_arg("Unable to parse 'inputs': attempt to access JSON non-array as array")
     offset = 0
     for item in inputs:
-        tensor, offset = _decode_input(item, binary, offset, request)
+        tensor, offset = _decode_input(item, binary, offset, request, shm)
         request.inputs.append(tensor)
     if offset != len(binary):
         raise invalid_arg(f"unexpected additional input data for model '{model_name}'")
@@ -89,7 +98,7 @@ def decode_infer_request(
             )
         seen: dict[str, RequestedOutput] = {}
         for item in outputs:
-            output = _decode_output(item)
+            output = _decode_output(item, request, shm)
             seen.setdefault(output.name, output)  # duplicates collapse, as in Triton
         request.outputs = list(seen.values())
     return request
@@ -122,7 +131,44 @@ def _parameters(parameters: Any) -> dict[str, Any]:
     return parameters
 
 
-def _decode_output(item: Any) -> RequestedOutput:
+def _shm_parameters(parameters: dict[str, Any]) -> tuple[str | None, int, int]:
+    """(region or None, offset, byte size) from a tensor's shared memory parameters."""
+    region = parameters.get("shared_memory_region")
+    if "shared_memory_region" in parameters and not isinstance(region, str):
+        raise invalid_arg(
+            "Unable to parse 'shared_memory_region': attempt to access JSON non-string as string"
+        )
+    values = [0, 0]
+    for index, key in enumerate(("shared_memory_offset", "shared_memory_byte_size")):
+        value = parameters.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise invalid_arg(
+                f"Unable to parse '{key}': attempt to access JSON non-unsigned-integer as "
+                "unsigned-integer"
+            )
+        values[index] = value
+    return region, values[0], values[1]
+
+
+def _check_shm_output(parameters: dict[str, Any]) -> None:
+    """Triton's refusals of what an output in shared memory cannot also be."""
+    if "classification" in parameters:
+        raise invalid_arg("Output can't set both 'shared_memory_region' and 'classification'")
+    binary = parameters.get("binary_data")
+    if binary is not None:
+        if not isinstance(binary, bool):
+            raise invalid_arg(
+                "Unable to set 'binary_data': attempt to access JSON non-boolean as boolean"
+            )
+        if binary:
+            raise invalid_arg("Output can't set both 'shared_memory_region' and 'binary_data'")
+
+
+def _decode_output(
+    item: Any, request: InferRequest, shm: SharedMemoryManager = NO_REGIONS
+) -> RequestedOutput:
     if not isinstance(item, dict):
         raise invalid_arg(
             "Unable to parse 'name': attempt to access non-existing object member 'name'"
@@ -133,11 +179,25 @@ def _decode_output(item: Any) -> RequestedOutput:
     parameters = item.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise invalid_arg("failed to get request params.: attempt to get members for non-object")
-    return RequestedOutput(name, parameters)
+    if not parameters:
+        return RequestedOutput(name, parameters)
+    if "shared_memory_region" in parameters:
+        _check_shm_output(parameters)
+    region, shm_offset, shm_size = _shm_parameters(parameters)
+    if region is None:
+        return RequestedOutput(name, parameters)
+    if request.shm_regions is None:
+        request.shm_regions = []
+    target = shm.output_target(region, shm_offset, shm_size, request.shm_regions)
+    return RequestedOutput(name, parameters, target)
 
 
 def _decode_input(
-    item: Any, binary: memoryview, offset: int, request: InferRequest
+    item: Any,
+    binary: memoryview,
+    offset: int,
+    request: InferRequest,
+    shm: SharedMemoryManager = NO_REGIONS,
 ) -> tuple[Tensor, int]:
     model_name = request.model_name
     if not isinstance(item, dict):
@@ -167,10 +227,15 @@ def _decode_input(
         raise invalid_arg("failed to get request params.: attempt to get members for non-object")
     binary_size = parameters.get("binary_data_size")
     has_data = "data" in item
-    if has_data == (binary_size is not None):
+    has_shm = "shared_memory_region" in parameters
+    if has_data + (binary_size is not None) + has_shm != 1:
         given = " ".join(
             f"'{f}'"
-            for f, on in (("data", has_data), ("binary_data_size", binary_size is not None))
+            for f, on in (
+                ("data", has_data),
+                ("binary_data_size", binary_size is not None),
+                ("shared_memory_region", has_shm),
+            )
             if on
         )
         raise invalid_arg(
@@ -178,6 +243,14 @@ def _decode_input(
             "'parameters', 'shared_memory_region' in 'parameters'. But "
             + (f"set {given}" if given else "no field is set")
         )
+    if has_shm or (parameters and binary_size is None):
+        region, shm_offset, shm_size = _shm_parameters(parameters)
+        if region is not None:
+            if request.shm_regions is None:
+                request.shm_regions = []
+            view = shm.input_view(region, shm_offset, shm_size, request.shm_regions)
+            data = array_from_bytes(name, datatype, view, shape, model_name, request.id)
+            return Tensor(name, datatype_name, shape, data), offset
     if binary_size is not None:
         if isinstance(binary_size, bool) or not isinstance(binary_size, int) or binary_size < 0:
             raise invalid_arg(
@@ -209,7 +282,7 @@ def _decode_input(
             f"receiving {datatype.name} data via JSON is not supported. Please use the binary "
             f"data format for input {name}"
         )
-    data = _from_json(datatype, item["data"])
+    data = json_to_array(datatype, item["data"])
     expected = 1
     for dim in shape:
         expected *= dim
@@ -264,7 +337,7 @@ def _type_error(datatype: DataType) -> InferenceServerError:
     return invalid_arg(f"Unable to parse 'data': attempt to access JSON non-{kind} as {kind}")
 
 
-def _from_json(datatype: DataType, data: Any) -> np.ndarray:
+def json_to_array(datatype: DataType, data: Any) -> np.ndarray:
     flat = _flatten(data)
     if datatype.is_bytes:
         if not all(isinstance(s, str) for s in flat):
@@ -292,7 +365,7 @@ def _from_json(datatype: DataType, data: Any) -> np.ndarray:
         ) from None
 
 
-def _json_data(array: np.ndarray, datatype: str) -> Any:
+def array_to_json(array: np.ndarray, datatype: str) -> Any:
     flat = array.reshape(-1)
     if datatype == "BYTES":
         return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in flat]
@@ -327,14 +400,18 @@ def encode_infer_response(
         binary = binary_by_default
         if requested is not None:
             wanted = requested.get(tensor.name)
-            if wanted is not None and "binary_data" in wanted.parameters:
-                binary = bool(wanted.parameters["binary_data"])
+            if wanted is not None:
+                if wanted.shm is not None:  # written to the client's region: no data here
+                    outputs_json.append(entry)
+                    continue
+                if "binary_data" in wanted.parameters:
+                    binary = bool(wanted.parameters["binary_data"])
         if binary:
             chunk = _binary_bytes(tensor.data, tensor.datatype)
             entry["parameters"] = {"binary_data_size": len(chunk)}
             chunks.append(chunk)
         else:
-            entry["data"] = _json_data(tensor.data, tensor.datatype)
+            entry["data"] = array_to_json(tensor.data, tensor.datatype)
         outputs_json.append(entry)
     document: dict[str, Any] = {}
     if response.id:

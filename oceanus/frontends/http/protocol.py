@@ -15,7 +15,7 @@ import http
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,21 +58,35 @@ class Pending:
     finish: Callable[[asyncio.Future[Any]], HttpResponse]
 
 
-Handler = Callable[[HttpRequest], "HttpResponse | Pending"]
+@dataclass(slots=True)
+class Streamed:
+    """A response whose body comes in parts, sent with chunked transfer encoding (server-sent
+    events). `parts` yields the head first (an HttpResponse; its body is ignored), then the
+    body's chunks. The connection closing cancels it, which cancels the request behind it."""
+
+    parts: AsyncIterator[HttpResponse | bytes]
 
 
-def encode_response(response: HttpResponse, keep_alive: bool) -> bytes:
+Handler = Callable[[HttpRequest], "HttpResponse | Pending | Streamed"]
+
+
+def encode_response(response: HttpResponse, keep_alive: bool, chunked: bool = False) -> bytes:
+    """Status line, headers and body (chunked: the head only, body to follow in chunks)."""
     status = response.status
     parts: list[bytes | memoryview] = [
         b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown"))
     ]
     for name, value in response.headers:
         parts.append(b"%s: %s\r\n" % (name, value))
-    parts.append(b"content-length: %d\r\n" % len(response.body))
+    if chunked:
+        parts.append(b"transfer-encoding: chunked\r\n")
+    else:
+        parts.append(b"content-length: %d\r\n" % len(response.body))
     if not keep_alive:
         parts.append(b"connection: close\r\n")
     parts.append(b"\r\n")
-    parts.append(response.body)
+    if not chunked:
+        parts.append(response.body)
     return b"".join(parts)
 
 
@@ -188,6 +202,10 @@ class HttpProtocol(asyncio.Protocol):
         if isinstance(outcome, HttpResponse):
             self._write(outcome, keep_alive)
             return
+        if isinstance(outcome, Streamed):
+            task = asyncio.ensure_future(self._stream(outcome, keep_alive))
+            self._current = Pending(task, _no_finish)  # closing the connection cancels it
+            return
         self._current = outcome
         outcome.future.add_done_callback(lambda future: self._finish(outcome, future, keep_alive))
 
@@ -212,17 +230,53 @@ class HttpProtocol(asyncio.Protocol):
             started = time.monotonic_ns()
             transport.write(encode_response(response, keep_alive))
             response.on_sent(started, time.monotonic_ns())
+        self._next(keep_alive)
+
+    def _next(self, keep_alive: bool) -> None:
+        """A response is out: close, or serve the next pipelined request."""
         if not keep_alive:
-            transport.close()
+            assert self._transport is not None
+            self._transport.close()
             self._closing = True
             return
         if self._waiting:
             request, next_keep_alive = self._waiting.popleft()
             self._serve(request, next_keep_alive)
 
+    async def _stream(self, outcome: Streamed, keep_alive: bool) -> None:
+        parts = outcome.parts
+        transport = self._transport
+        assert transport is not None
+        try:
+            head = await anext(parts)
+            assert isinstance(head, HttpResponse)
+            transport.write(encode_response(head, keep_alive, chunked=True))
+            async for chunk in parts:
+                if chunk and not transport.is_closing():
+                    assert isinstance(chunk, bytes)
+                    transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            transport.write(b"0\r\n\r\n")
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the producer answers its own errors; this is a bug
+            log.exception("unhandled error streaming a response")
+            transport.close()
+            self._closing = True
+            return
+        finally:
+            await parts.aclose()  # type: ignore[attr-defined]
+        if self._closing or transport.is_closing():
+            return
+        self._current = None
+        self._next(keep_alive)
+
     def _reply_and_close(self, response: HttpResponse) -> None:
         response.headers.append((b"content-type", b"application/json"))
         self._write(response, keep_alive=False)
+
+
+def _no_finish(future: asyncio.Future[Any]) -> HttpResponse:
+    raise AssertionError("a streamed response finishes itself")
 
 
 class HttpServer:
