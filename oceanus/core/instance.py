@@ -58,6 +58,11 @@ class BatchResult:
     output_ns: int = 0
 
 
+# Batches whose mean execution time is below this run on the event loop instead of the instance's
+# thread: for a model this cheap (a tiny ONNX graph: 10-30 us) the two thread hops cost more
+# than the execution, and under load each hop waits for a CPU (measured in docs/architecture.md).
+INLINE_LIMIT_NS = 100_000
+
 BatchDone = Callable[["InstanceWorker", list[Job], BatchResult], None]
 
 
@@ -78,6 +83,11 @@ class InstanceWorker:
         self._on_done: BatchDone | None = None
         self._batches: queue.SimpleQueue[list[Job] | None] = queue.SimpleQueue()
         self._per_request = instance.execute_requests is not None
+        # Mean batch execution time (EWMA, ns; unknown until the second batch: the first two run
+        # on the thread). Never inline for per-request backends: a Python model runs user code.
+        self.mean_ns = float("inf")
+        self._executions = 0
+        self.inline_limit_ns = 0 if self._per_request else INLINE_LIMIT_NS
         self._thread = threading.Thread(target=self._run, name=spec.name, daemon=True)
 
     def start(self, on_done: BatchDone) -> None:
@@ -98,12 +108,28 @@ class InstanceWorker:
             batch = self._batches.get()
             if batch is None:
                 return
-            result = self._execute(batch)
+            result = self.execute_now(batch)
             assert self._on_done is not None
             try:
                 self._loop.call_soon_threadsafe(self._on_done, self, batch, result)
             except RuntimeError:  # loop closed during shutdown
                 return
+
+    @property
+    def runs_inline(self) -> bool:
+        """Whether the next batch should run on the event loop (the model is that cheap)."""
+        return self.mean_ns < self.inline_limit_ns
+
+    def execute_now(self, batch: list[Job]) -> BatchResult:
+        """Execute on the calling thread, updating the mean execution time."""
+        started = time.perf_counter_ns()
+        result = self._execute(batch)
+        took = time.perf_counter_ns() - started
+        self._executions += 1
+        if self._executions > 1:  # the first run warms the framework up: not representative
+            mean = self.mean_ns
+            self.mean_ns = took if mean == float("inf") else 0.8 * mean + 0.2 * took
+        return result
 
     def _execute(self, batch: list[Job]) -> BatchResult:
         if self._per_request:

@@ -201,7 +201,15 @@ class Scheduler:
                     self._name,
                     worker.spec.name,
                 )
-            worker.submit(batch)
+            if worker.runs_inline:
+                asyncio.get_running_loop().call_soon(self._execute_inline, worker, batch)
+            else:
+                worker.submit(batch)
+
+    def _execute_inline(self, worker: InstanceWorker, batch: list[Job]) -> None:
+        """A cheap model's batch, on the loop (after the callbacks already ready, so requests
+        read in this loop iteration can still join the next batch)."""
+        self._on_batch_done(worker, batch, worker.execute_now(batch), inline=True)
 
     def _ordered(self) -> Iterator[tuple[deque[Job], Job]]:
         for level in range(1, self._levels + 1):
@@ -298,17 +306,20 @@ class Scheduler:
 
     # ---- completion -------------------------------------------------------------------------
 
-    def _on_batch_done(self, worker: InstanceWorker, batch: list[Job], result: BatchResult) -> None:
+    def _on_batch_done(
+        self, worker: InstanceWorker, batch: list[Job], result: BatchResult, inline: bool = False
+    ) -> None:
         now = time.monotonic_ns()
         self._executing -= len(batch)
         self._idle.append(worker)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
-                "instance %s executed a batch of %d for '%s' in %d us%s",
+                "instance %s executed a batch of %d for '%s' in %d us%s%s",
                 worker.spec.name,
                 len(batch),
                 self._name,
                 result.infer_ns // 1000,
+                " on the event loop" if inline else "",
                 f" and failed: {result.error.message}" if result.error else "",
             )
         # A failed execution still counts as one, as in Triton.
