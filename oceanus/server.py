@@ -30,6 +30,7 @@ HTTP_EXTENSIONS = [
     "model_repository(unload_dependents)",
     "model_configuration",
     "schedule_policy",
+    "system_shared_memory",
     "binary_tensor_data",
     "parameters",
     "statistics",

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.frontends.http.test_http_endpoints import raw
+
 PA_SCRIPT = Path(__file__).resolve().parents[1].parent / "shared" / "perf_analyzer" / "pa.sh"
 PA_VENV = Path(os.environ.get("PA_VENV", "/tmp/pa-venv"))
 
@@ -61,3 +63,41 @@ def test_perf_analyzer_short_run(pa_server: Any, protocol: str) -> None:
     # server-side columns come from our /stats
     assert "Server:" in result.stdout
     assert "Inference count:" in result.stdout
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_system_shared_memory(pa_server: Any, protocol: str) -> None:
+    """--shared-memory=system: perf_analyzer registers a region per tensor, sends every input and
+    receives every output through them, and unregisters them all at the end."""
+    url = pa_server.http_url if protocol == "http" else pa_server.grpc_url
+    result = subprocess.run(
+        [
+            "bash",
+            str(PA_SCRIPT),
+            "-m",
+            "simple",
+            "-u",
+            url,
+            "-i",
+            protocol,
+            "--shared-memory=system",
+            "--concurrency-range",
+            "2",
+            "--measurement-mode",
+            "count_windows",
+            "--measurement-request-count",
+            "100",
+            "--stability-percentage",
+            "100",
+            "--max-trials",
+            "3",
+        ],
+        env={**os.environ, "PA_VENV": str(PA_VENV)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Throughput:" in result.stdout
+    status, _, body = raw(pa_server, "GET", "/v2/systemsharedmemory/status")
+    assert (status, body) == (200, b"[]")  # all unregistered again

@@ -17,7 +17,9 @@ from oceanus.core import datatypes
 from oceanus.core.errors import ErrorCode, InferenceServerError, unavailable
 from oceanus.core.instance import BatchResult, InstanceWorker, Job
 from oceanus.core.scheduler import Scheduler
+from oceanus.core.shared_memory import write_output
 from oceanus.core.statistics import ModelStatistics
+from oceanus.core.tensor_bytes import array_to_bytes
 from oceanus.core.tracing import ModelActivity
 from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from oceanus.core.validation import TensorSpec, validate_request
@@ -160,7 +162,11 @@ class ModelVersion:
             # count a success (as Triton counts it).
             future.set_exception(job.response_error)
             return
-        response = self._response(request, outputs)
+        try:
+            response = self._response(request, outputs)
+        except InferenceServerError as exc:  # an output does not fit its shared memory region
+            future.set_exception(exc)
+            return
         if job.response_parameters:
             response.parameters.update(job.response_parameters)
         future.set_result(response)
@@ -238,6 +244,10 @@ class ModelVersion:
             datatype = self.outputs[name].datatype
             if array.dtype != datatype.dtype:  # a Python model's own datatype is what it sent
                 datatype = datatypes.from_numpy(array.dtype) or datatype
+            if requested is not None:
+                target = requested[name].shm
+                if target is not None:  # the client reads it from its shared memory region
+                    write_output(target, name, array_to_bytes(array, datatype.name))
             tensors.append(Tensor(name, datatype.name, array.shape, array))
         return InferResponse(
             model_name=self.name,
@@ -334,7 +344,10 @@ class ResponseStream:
         final: bool,
         parameters: dict[str, Any] | None = None,
     ) -> None:
-        response = None if outputs is None else self._model._response(self._request, outputs)
+        try:
+            response = None if outputs is None else self._model._response(self._request, outputs)
+        except InferenceServerError as exc:  # an output does not fit its shared memory region
+            response, error = None, exc
         if response is not None and parameters:
             response.parameters.update(parameters)
         self.put(response, error, final)

@@ -28,6 +28,7 @@ from oceanus.core.errors import (
 )
 from oceanus.core.model import ModelEntry, ModelState, ModelVersion
 from oceanus.core.model_manager import ModelManager
+from oceanus.core.shared_memory import SharedMemoryManager
 from oceanus.core.tracing import SpanExporter, TraceConfig, TraceManager
 from oceanus.core.types import InferRequest, InferResponse
 
@@ -81,6 +82,8 @@ class ServerCore:
         self.tracer = TraceManager(options.trace, options.span_exporter)
         # Metric families the models create (Python models' pb_utils.MetricFamily), for /metrics.
         self.custom_metrics = CustomMetricRegistry()
+        # Regions clients registered with the system shared memory extension.
+        self.shared_memory = SharedMemoryManager()
         self.live = False
         self._shutting_down = False
         self._poller: asyncio.Task[None] | None = None
@@ -148,6 +151,7 @@ class ServerCore:
         if self._poller is not None:
             self._poller.cancel()
         await self.manager.unload_all()
+        self.shared_memory.close()
         self._executor.shutdown(wait=False)
         self.tracer.close()
 
@@ -226,7 +230,10 @@ class ServerCore:
         model = self.resolve(request.model_name, request.model_version)
         if model.decoupled:
             raise unsupported(DECOUPLED_UNSUPPORTED.format(caller=caller))
-        return model.infer(request)
+        future = model.infer(request)
+        if request.shm_regions:
+            self.shared_memory.hold(request.shm_regions, future)
+        return future
 
     def infer_stream(
         self,
@@ -246,8 +253,14 @@ class ServerCore:
             raise unavailable("Server is shutting down")
         model = self.resolve(request.model_name, request.model_version)
         if model.decoupled:
-            return model.infer_stream(request, empty_final, mark_final)
-        return _one(model.infer(request))
+            responses = model.infer_stream(request, empty_final, mark_final)
+            if request.shm_regions:
+                return _holding(request.shm_regions, responses)
+            return responses
+        future = model.infer(request)
+        if request.shm_regions:
+            self.shared_memory.hold(request.shm_regions, future)
+        return _one(future)
 
     # ---- statistics and repository ------------------------------------------------------------
 
@@ -299,6 +312,25 @@ class ServerCore:
                     item["reason"] = version.reason
                 index.append(item)
         return index
+
+
+def _holding(
+    regions: list[Any], responses: AsyncIterator[InferResponse]
+) -> AsyncIterator[InferResponse]:
+    """A decoupled request's responses, its shared memory regions in use from now until the
+    iteration ends."""
+    for region in regions:
+        region.users += 1
+
+    async def released() -> AsyncIterator[InferResponse]:
+        try:
+            async for response in responses:
+                yield response
+        finally:
+            for region in regions:
+                region.users -= 1
+
+    return released()
 
 
 async def _one(future: asyncio.Future[InferResponse]) -> AsyncIterator[InferResponse]:

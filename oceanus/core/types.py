@@ -30,6 +30,9 @@ class RequestedOutput:
 
     name: str
     parameters: dict[str, Any] = field(default_factory=dict)
+    # Where the output goes when the client named a shared memory region for it
+    # (oceanus.core.shared_memory.ShmTarget): the core writes it there and responses carry no data.
+    shm: Any = None
 
 
 @dataclass(slots=True)
@@ -45,6 +48,9 @@ class InferRequest:
     received_ns: int = field(default_factory=time.monotonic_ns)
     # A sampled request's oceanus.core.tracing.Trace (None: not traced, the usual case).
     trace: Any = None
+    # The shared memory regions its inputs and outputs use (oceanus.core.shared_memory.Region),
+    # held in use while it is queued or executing; None: none.
+    shm_regions: list[Any] | None = None
 
 
 @dataclass(slots=True)

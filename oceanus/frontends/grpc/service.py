@@ -1,9 +1,9 @@
 """`inference.GRPCInferenceService` and `grpc.health.v1.Health` over the core, for grpc.aio.
 
 Every RPC calls the same core methods the HTTP frontend calls; this module only turns protobuf
-messages into those calls and back, and core errors into gRPC statuses (errors.py). Features that
-Oceanus does not have answer as Triton answers when that feature is off: client shared memory is
-disabled.
+messages into those calls and back, and core errors into gRPC statuses (errors.py). System shared
+memory regions live in the core (core/shared_memory.py); CUDA shared memory answers as Triton does
+on a machine without a usable CUDA driver.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from tritonclient.grpc import service_pb2 as pb
 from oceanus.core.errors import (
     InferenceServerError,
     invalid_arg,
-    not_found,
     unavailable,
     unsupported,
 )
@@ -45,9 +44,6 @@ log = logging.getLogger("oceanus.grpc")
 SERVICE_NAME = "inference.GRPCInferenceService"
 
 # Triton's texts for the features that are off.
-CLIENT_SHM_DISABLED = (
-    "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
-)
 NO_LOGGING = "the server does not support dynamic logging"
 # LogSettings keys, the SettingValue field each must use, and Triton's word for it in errors.
 _LOG_SETTING_KINDS = (
@@ -215,24 +211,51 @@ class GrpcService:
         await self.core.unload_model(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
-    # ---- shared memory (client shared memory is off, as by Triton's default) ------------------
+    # ---- shared memory ----------------------------------------------------------------------
 
     def system_shm_status(
         self, request: pb.SystemSharedMemoryStatusRequest
     ) -> pb.SystemSharedMemoryStatusResponse:
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self.core.shared_memory.status(request.name):
+            response.regions[region["name"]].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**region)
+            )
+        return response
+
+    def system_shm_register(
+        self, request: pb.SystemSharedMemoryRegisterRequest
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self.core.shared_memory.register(
+            request.name, request.key, request.offset, request.byte_size
+        )
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    def system_shm_unregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
         if request.name:
-            raise not_found(f"Unable to find system shared memory region: '{request.name}'")
-        return pb.SystemSharedMemoryStatusResponse()
+            self.core.shared_memory.unregister(request.name)
+        else:
+            self.core.shared_memory.unregister_all()
+        return pb.SystemSharedMemoryUnregisterResponse()
 
     def cuda_shm_status(
         self, request: pb.CudaSharedMemoryStatusRequest
     ) -> pb.CudaSharedMemoryStatusResponse:
-        if request.name:
-            raise not_found(f"Unable to find cuda shared memory region: '{request.name}'")
+        self.core.shared_memory.cuda_status(request.name)  # no CUDA region: only its errors
         return pb.CudaSharedMemoryStatusResponse()
 
-    def shm_disabled(self, request: Any) -> Any:
-        raise unsupported(CLIENT_SHM_DISABLED)
+    def cuda_shm_register(
+        self, request: pb.CudaSharedMemoryRegisterRequest
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        self.core.shared_memory.register_cuda(request.name)  # always fails: no CUDA IPC
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    def cuda_shm_unregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        return pb.CudaSharedMemoryUnregisterResponse()  # nothing is ever registered
 
     # ---- trace and logging ----------------------------------------------------------------------
 
@@ -291,7 +314,7 @@ class GrpcService:
         request still queued leaves the queue.
         """
         try:
-            request = codec.decode(data)
+            request = codec.decode(data, self.core.shared_memory)
             if self.core.tracer.active:
                 return await self._traced_infer(request, context)
             response = await self.core.infer(request, caller="ModelInfer RPC")
@@ -355,7 +378,7 @@ class GrpcService:
         try:
             message, raw = codec.parse_infer_request(data)
             request_id = message.id
-            request = codec.decode_infer_request(message, raw)
+            request = codec.decode_infer_request(message, raw, self.core.shared_memory)
             if self.core.is_decoupled(request.model_name, request.model_version):
                 # 0..N responses, each marked with triton_final_response as Triton marks them
                 responses = self.core.infer_stream(request, mark_final=True)
@@ -446,13 +469,13 @@ class GrpcService:
             (
                 "SystemSharedMemoryRegister",
                 "shared-memory",
-                self.shm_disabled,
+                self.system_shm_register,
                 pb.SystemSharedMemoryRegisterRequest,
             ),
             (
                 "SystemSharedMemoryUnregister",
                 "shared-memory",
-                self.shm_disabled,
+                self.system_shm_unregister,
                 pb.SystemSharedMemoryUnregisterRequest,
             ),
             (
@@ -464,13 +487,13 @@ class GrpcService:
             (
                 "CudaSharedMemoryRegister",
                 "shared-memory",
-                self.shm_disabled,
+                self.cuda_shm_register,
                 pb.CudaSharedMemoryRegisterRequest,
             ),
             (
                 "CudaSharedMemoryUnregister",
                 "shared-memory",
-                self.shm_disabled,
+                self.cuda_shm_unregister,
                 pb.CudaSharedMemoryUnregisterRequest,
             ),
             ("TraceSetting", "trace", self.trace_setting, pb.TraceSettingRequest),

@@ -11,7 +11,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.INVALID_ARG: 400,
     ErrorCode.UNAVAILABLE: 503,
     ErrorCode.UNSUPPORTED: 501,
-    ErrorCode.ALREADY_EXISTS: 409,
+    ErrorCode.ALREADY_EXISTS: 400,  # Triton's (a region already registered)
     ErrorCode.CANCELLED: 499,
 }
 

@@ -18,10 +18,6 @@ from oceanus.frontends.grpc import health
 
 HTTP_TO_GRPC = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 503: "UNAVAILABLE", 501: "UNIMPLEMENTED"}
 
-CLIENT_SHM_DISABLED = (
-    "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
-)
-
 
 def http_get(
     server: Any, path: str, method: str = "GET", body: bytes | None = None
@@ -139,20 +135,27 @@ def test_repository_name_is_not_supported(grpc_channel: grpc.Channel) -> None:
     assert info.value.details() == "'repository_name' specification is not supported"
 
 
-def test_shared_memory_is_off(grpc_client: grpcclient.InferenceServerClient) -> None:
+def test_shared_memory_without_regions(grpc_client: grpcclient.InferenceServerClient) -> None:
+    """No region registered: empty statuses, Triton's errors (the full extension is tested in
+    tests/frontends/test_shared_memory.py)."""
     assert len(grpc_client.get_system_shared_memory_status().regions) == 0
     assert len(grpc_client.get_cuda_shared_memory_status().regions) == 0
     status, message = grpc_error(lambda: grpc_client.get_system_shared_memory_status("r"))
     assert (status, message) == ("NOT_FOUND", "Unable to find system shared memory region: 'r'")
     status, message = grpc_error(lambda: grpc_client.get_cuda_shared_memory_status("r"))
     assert (status, message) == ("NOT_FOUND", "Unable to find cuda shared memory region: 'r'")
-    for call in (
-        lambda: grpc_client.register_system_shared_memory("r", "/key", 64),
-        lambda: grpc_client.unregister_system_shared_memory("r"),
-        lambda: grpc_client.register_cuda_shared_memory("r", b"aGFuZGxl", 0, 64),
-        lambda: grpc_client.unregister_cuda_shared_memory(),
-    ):
-        assert grpc_error(call) == ("UNIMPLEMENTED", CLIENT_SHM_DISABLED)
+    key = "/oceanus_test_no_such_key"
+    assert grpc_error(lambda: grpc_client.register_system_shared_memory("r", key, 64)) == (
+        "INVALID_ARGUMENT",
+        f"Unable to open shared memory region: '{key}'",
+    )
+    # CUDA IPC is not available: registering fails as on Triton without a CUDA driver
+    assert grpc_error(lambda: grpc_client.register_cuda_shared_memory("r", b"aGFuZGxl", 0, 64)) == (
+        "INVALID_ARGUMENT",
+        "failed to register shared memory region: invalid args",
+    )
+    grpc_client.unregister_system_shared_memory("r")  # unknown names are fine, as in Triton
+    grpc_client.unregister_cuda_shared_memory()
 
 
 def test_trace_settings_default_to_off(grpc_client: grpcclient.InferenceServerClient) -> None:

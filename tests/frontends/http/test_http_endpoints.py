@@ -44,8 +44,9 @@ def test_server_metadata_lists_only_implemented_extensions(server: Any) -> None:
     assert document["name"] == "oceanus"
     assert "binary_tensor_data" in document["extensions"]
     assert "statistics" in document["extensions"]
-    # not implemented yet, so not listed
-    assert "system_shared_memory" not in document["extensions"]
+    assert "system_shared_memory" in document["extensions"]
+    # no CUDA IPC, so not listed
+    assert "cuda_shared_memory" not in document["extensions"]
 
 
 def test_model_metadata(server: Any) -> None:
