@@ -239,15 +239,21 @@ class TensorInfo:
     dims: list[int]  # without the batch dimension
 
 
+# The backend of a config -> the model file its version folder holds by default.
+DEFAULT_FILES = {"onnxruntime": "model.onnx", "pytorch": "model.pt", "openvino": "model.xml"}
+
+
 @dataclass
 class ModelInfo:
     name: str
-    path: Path  # the ONNX file
+    path: Path  # the model file (model.onnx, model.pt, model.xml)
     max_batch_size: int
     instance_count: int
     dynamic_batching: bool
     inputs: list[TensorInfo]
     outputs: list[str]
+    backend: str = "onnxruntime"  # onnxruntime, pytorch or openvino
+    config_path: Path | None = None
 
     def sample(self, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         return make_inputs(self, batch, rng)
@@ -269,7 +275,11 @@ def load_model_info(repository: Path, name: str) -> ModelInfo:
         (p for p in (repository / name).iterdir() if p.is_dir() and p.name.isdigit()),
         key=lambda p: int(p.name),
     )
-    path = versions[-1] / (config.default_model_filename or "model.onnx")
+    backend = config.backend or {
+        "onnxruntime_onnx": "onnxruntime",
+        "pytorch_libtorch": "pytorch",
+    }.get(config.platform, "onnxruntime")
+    path = versions[-1] / (config.default_model_filename or DEFAULT_FILES[backend])
     inputs = []
     for tensor in config.input:
         type_name = mc.DataType.Name(tensor.data_type).removeprefix("TYPE_").lower()
@@ -285,6 +295,8 @@ def load_model_info(repository: Path, name: str) -> ModelInfo:
         dynamic_batching=config.HasField("dynamic_batching"),
         inputs=inputs,
         outputs=[t.name for t in config.output],
+        backend=backend,
+        config_path=repository / name / "config.pbtxt",
     )
 
 

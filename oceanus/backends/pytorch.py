@@ -1,4 +1,8 @@
-"""PyTorch backend: TorchScript models (`model.pt`) loaded with torch.jit.load, one per instance.
+"""PyTorch backend: TorchScript models (`model.pt`) loaded with torch.jit.load, one per instance,
+and PyTorch 2 packages (`model.pt2`, Triton's `torch_aoti` platform): AOTInductor packages
+(torch._inductor.aoti_compile_and_package) loaded with torch._inductor.aoti_load_package, and
+torch.export ExportedPrograms (torch.export.save) loaded with torch.export.load and run through
+their `.module()`.
 
 Follows Triton's PyTorch (LibTorch) backend:
 
@@ -23,6 +27,11 @@ ATen once, so that a later instance's call cannot resize it), so instances of on
 cores (cores // instances, or INTRA_OP_THREAD_COUNT) the way ONNX Runtime sessions do. Where
 PyTorch uses its native thread pool instead of OpenMP the setting is process-wide and the last
 instance to start wins; `torch.__config__.parallel_info()` tells which.
+.pt2 packages: inputs are matched by the exported program's input names (ExportedProgram only),
+else `<name>__<index>`, else config order; outputs by `<name>__<index>`, else config order; an
+ExportedProgram's recorded input/output datatypes and ranks are checked against the config.
+TYPE_STRING is not supported there (exported graphs take and return tensors only).
+
 The inter-op pool (TorchScript's fork/wait) is process-wide and can only be sized before first
 use: the first model that asks for INTER_OP_THREAD_COUNT sizes it, as in Triton. The JIT switches
 (executor, profiling, fuser) are process-wide too; like Triton they are applied before each
@@ -34,6 +43,8 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +91,10 @@ _BF16 = datatypes.BY_NAME["BF16"].dtype
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 _interop_lock = threading.Lock()
+# Models load on several loader threads, but neither torch.export.load (two at once:
+# "_CURRENT_DESERIALIZER is already set") nor the first import of torch._inductor (a circular
+# import when two threads race) is thread-safe: .pt2 packages load one at a time.
+_pt2_load_lock = threading.Lock()
 _interop_threads: int | None = None
 
 
@@ -106,6 +121,171 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return CONFIG_TYPE_OF.get(dtype, f"TYPE_INVALID ({dtype})")
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def is_pt2(config: mc.ModelConfig, model_path: Path) -> bool:
+    """Triton's `torch_aoti` platform, or any `.pt2` file named by default_model_filename."""
+    return config.platform == "torch_aoti" or model_path.suffix == ".pt2"
+
+
+class _Pt2Program:
+    """A loaded .pt2 package: what to call and what the package says about its tensors."""
+
+    def __init__(self, kind: str, call: Callable[..., Any], device: str) -> None:
+        self.kind = kind  # "aoti" or "exported"
+        self.call = call
+        self.device = device
+        self.input_names: list[str] | None = None
+        self.input_count: int | None = None
+        self.output_count: int | None = None
+        # ExportedProgram only: (datatype, rank) per input / output, None where unknown.
+        self.input_types: list[tuple[torch.dtype, int] | None] = []
+        self.output_types: list[tuple[torch.dtype, int] | None] = []
+
+
+def _pt2_kind(config: mc.ModelConfig, model_path: Path) -> str:
+    """'aoti' or 'exported', from the archive's entries; anything else is a load error."""
+    name = config.name
+    how = (
+        "make it with torch._inductor.aoti_compile_and_package(torch.export.export(model, "
+        "args), package_path=...) or torch.export.save(torch.export.export(model, args), ...)"
+    )
+    try:
+        with zipfile.ZipFile(model_path) as archive:
+            entries = archive.namelist()
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise invalid_arg(
+            f"unable to load model '{name}': '{model_path.name}' is not a PyTorch 2 package "
+            f"(a .pt2 zip archive; {_first_line(exc)}); {how}"
+        ) from None
+    # Entries below the archive's top folder (its name is the package's, e.g. "model/").
+    inner = {entry.split("/", 1)[1] if "/" in entry else entry for entry in entries}
+    if any(entry.startswith("data/aotinductor/") for entry in inner):
+        return "aoti"
+    if any(
+        (entry.startswith("models/") and entry.endswith(".json"))
+        or entry == "serialized_exported_program.json"
+        for entry in inner
+    ):
+        return "exported"
+    if "constants.pkl" in inner or "data.pkl" in inner:
+        raise invalid_arg(
+            f"unable to load model '{name}': '{model_path.name}' is a TorchScript archive, not "
+            'a PyTorch 2 package: name it model.pt with platform "pytorch_libtorch", or '
+            f"{how}"
+        )
+    raise invalid_arg(
+        f"unable to load model '{name}': '{model_path.name}' holds neither an AOTInductor "
+        f"model nor an ExportedProgram; {how}"
+    )
+
+
+def _load_pt2(config: mc.ModelConfig, model_path: Path, device: str) -> _Pt2Program:
+    kind = _pt2_kind(config, model_path)
+    with _pt2_load_lock:
+        return _load_pt2_locked(config, model_path, device, kind)
+
+
+def _load_pt2_locked(
+    config: mc.ModelConfig, model_path: Path, device: str, kind: str
+) -> _Pt2Program:
+    name = config.name
+    if kind == "aoti":
+        try:
+            import torch._inductor
+
+            loader = getattr(torch._inductor, "aoti_load_package", None)
+        except ImportError:
+            loader = None
+        if loader is None:
+            raise invalid_arg(
+                f"unable to load model '{name}': this PyTorch ({torch.__version__}) cannot load "
+                "AOTInductor packages (torch._inductor.aoti_load_package needs PyTorch 2.6 or "
+                "later)"
+            )
+        index = int(device.split(":")[1]) if device.startswith("cuda:") else -1
+        try:
+            compiled = loader(str(model_path), device_index=index)
+        except Exception as exc:
+            raise invalid_arg(
+                f"unable to load model '{name}': torch {torch.__version__} could not load the "
+                f"AOTInductor package '{model_path.name}' ({_first_line(exc)}); an AOTInductor "
+                "package runs only with the PyTorch version, device type and CPU features it "
+                "was compiled for"
+            ) from None
+        metadata = compiled.get_metadata() if hasattr(compiled, "get_metadata") else {}
+        package_device = str(metadata.get("AOTI_DEVICE_KEY") or "cpu")
+        if package_device == "cpu":
+            device = "cpu"
+        elif not device.startswith(package_device):
+            raise invalid_arg(
+                f"unable to load model '{name}': the AOTInductor package '{model_path.name}' "
+                f"was compiled for '{package_device}', but the instance runs on '{device}'"
+            )
+        program = _Pt2Program("aoti", compiled, device)
+        try:
+            from torch.utils import _pytree
+
+            in_spec, out_spec = compiled.loader.get_call_spec()
+            program.input_count = _pytree.treespec_loads(in_spec).num_leaves
+            program.output_count = _pytree.treespec_loads(out_spec).num_leaves
+        except Exception:  # older packages: counts unknown, checked when called
+            pass
+        return program
+    export: Any
+    try:
+        import torch.export as export
+    except ImportError:
+        export = None
+    if export is None or not hasattr(export, "load"):
+        raise invalid_arg(
+            f"unable to load model '{name}': this PyTorch ({torch.__version__}) has no "
+            "torch.export.load (PyTorch 2.1 or later reads ExportedProgram packages)"
+        )
+    try:
+        exported = export.load(str(model_path))
+        module = exported.module()
+        if device != "cpu":
+            module = module.to(device)
+    except Exception as exc:
+        raise invalid_arg(
+            f"unable to load model '{name}': torch {torch.__version__} could not load the "
+            f"ExportedProgram '{model_path.name}' ({_first_line(exc)})"
+        ) from None
+    program = _Pt2Program("exported", module, device)
+    _describe_exported(program, exported)
+    return program
+
+
+def _describe_exported(program: _Pt2Program, exported: Any) -> None:
+    """Input names, datatypes and ranks, and output datatypes and ranks, from the graph."""
+    signature = exported.graph_signature
+    user_inputs = list(signature.user_inputs)
+    user_outputs = list(signature.user_outputs)
+    nodes = {node.name: node for node in exported.graph.nodes}
+
+    def described(value: Any) -> tuple[torch.dtype, int] | None:
+        if isinstance(value, torch.Tensor):
+            return value.dtype, value.dim()
+        return None
+
+    program.input_names = [str(n) for n in user_inputs]
+    program.input_count = len(user_inputs)
+    program.input_types = [
+        described(nodes[n].meta.get("val")) if n in nodes else None for n in user_inputs
+    ]
+    program.output_count = len(user_outputs)
+    output_node = next((n for n in exported.graph.nodes if n.op == "output"), None)
+    returned = list(output_node.args[0]) if output_node is not None else []
+    by_name = {getattr(a, "name", None): a for a in returned}
+    program.output_types = [
+        described(by_name[n].meta.get("val")) if n in by_name else None for n in user_outputs
+    ]
+
+
 class _Signature:
     """What a config maps to in forward(): argument positions and output positions."""
 
@@ -129,7 +309,8 @@ class PyTorchBackend(Backend):
         return bool(torch.cuda.is_available())
 
     def model_path(self, config: mc.ModelConfig, version_dir: Path) -> Path:
-        path = version_dir / (config.default_model_filename or "model.pt")
+        default = "model.pt2" if config.platform == "torch_aoti" else "model.pt"
+        path = version_dir / (config.default_model_filename or default)
         if not path.is_file():
             raise unavailable(
                 f"unable to find '{path}' for model '{config.name}', in {version_dir}"
@@ -139,13 +320,20 @@ class PyTorchBackend(Backend):
     # ---- config checks ------------------------------------------------------------------------
 
     def complete_config(self, config: mc.ModelConfig, model_path: Path, autocomplete: bool) -> None:
+        pt2 = is_pt2(config, model_path)
         for kind, tensors in (("input", config.input), ("output", config.output)):
             if not tensors:
+                what = "a PyTorch 2 package" if pt2 else "a TorchScript file does not record"
                 raise invalid_arg(
                     f"unable to load model '{config.name}': model configuration must contain at "
-                    f"least one {kind}, none were specified (a TorchScript file does not record "
-                    f"its {kind} names, datatypes or shapes, so the PyTorch backend cannot "
-                    f"auto-complete them: list every {kind} in config.pbtxt)"
+                    f"least one {kind}, none were specified ("
+                    + (
+                        f"{what}: the PyTorch backend does not auto-complete "
+                        if pt2
+                        else f"{what} its {kind} names, datatypes or shapes, so the PyTorch "
+                        "backend cannot auto-complete them: "
+                    )
+                    + f"list every {kind} in config.pbtxt)"
                 )
         for name in (
             "INFERENCE_MODE",
@@ -161,8 +349,10 @@ class PyTorchBackend(Backend):
             int_parameter(config, name, minimum=1)
         for name in ("INTER_OP_THREAD_COUNT", "NUM_INTEROP_THREADS"):
             int_parameter(config, name, minimum=1)
-        module = self._jit_load(config, model_path, "cpu")
-        signature = self._signature(config, module)
+        if pt2:
+            signature = self._pt2_signature(config, _load_pt2(config, model_path, "cpu"))
+        else:
+            signature = self._signature(config, self._jit_load(config, model_path, "cpu"))
         with self._lock:
             self._signatures[(config.name, str(model_path))] = signature
 
@@ -344,6 +534,98 @@ class PyTorchBackend(Backend):
             else:
                 self._check_tensor_type(config, "output", tensor)
 
+    def _pt2_signature(self, config: mc.ModelConfig, program: _Pt2Program) -> _Signature:
+        """Map the config onto a .pt2 program's flat tensor inputs and outputs."""
+        name = config.name
+        sig = _Signature()
+        for kind, tensors in (("input", config.input), ("output", config.output)):
+            for tensor in tensors:
+                if tensor.data_type == mc.TYPE_STRING:
+                    raise invalid_arg(
+                        f"unable to load model '{name}': {kind} '{tensor.name}' is TYPE_STRING, "
+                        "but a PyTorch 2 package takes and returns tensors only"
+                    )
+                self._check_tensor_type(config, kind, tensor)
+        count = program.input_count
+        if count is not None and count != len(config.input):
+            raise invalid_arg(
+                f"unable to load model '{name}', configuration expects {len(config.input)} "
+                f"inputs, model provides {count}"
+            )
+        sig.input_count = count if count is not None else len(config.input)
+        config_names = [t.name for t in config.input]
+        names = program.input_names or []
+        if names and all(n in names for n in config_names):
+            sig.input_index = {n: names.index(n) for n in config_names}
+        elif all(_named_index(n) is not None for n in config_names):
+            sig.input_index = {n: int(_named_index(n)) for n in config_names}  # type: ignore[arg-type]
+        else:
+            log.warning(
+                "input '%s' or previous input(s) of the model '%s' are neither an input name of "
+                "the program nor follow the <name>__<index> naming convention. Falling back to "
+                "enforcing strict ordering from model configuration.",
+                next(n for n in config_names if n not in names and _named_index(n) is None),
+                name,
+            )
+            sig.input_index = {n: i for i, n in enumerate(config_names)}
+        seen: dict[int, str] = {}
+        for tensor in config.input:
+            index = sig.input_index[tensor.name]
+            if index >= sig.input_count:
+                raise invalid_arg(
+                    f"unable to load model '{name}': input '{tensor.name}' refers to input "
+                    f"{index}, but the program takes {sig.input_count} input(s)"
+                )
+            if index in seen:
+                raise invalid_arg(
+                    f"unable to load model '{name}': inputs '{seen[index]}' and '{tensor.name}' "
+                    f"both refer to input {index}"
+                )
+            seen[index] = tensor.name
+            known = program.input_types[index] if index < len(program.input_types) else None
+            self._check_recorded(config, "input", tensor, known)
+        output_names = [t.name for t in config.output]
+        if all(_named_index(n) is not None for n in output_names):
+            sig.output_index = {n: int(_named_index(n)) for n in output_names}  # type: ignore[arg-type]
+        else:
+            sig.output_index = {n: i for i, n in enumerate(output_names)}
+        for tensor in config.output:
+            index = sig.output_index[tensor.name]
+            if program.output_count is not None and index >= program.output_count:
+                raise invalid_arg(
+                    f"unable to load model '{name}': output '{tensor.name}' refers to output "
+                    f"index {index}, but the program returns {program.output_count} output(s)"
+                )
+            known = program.output_types[index] if index < len(program.output_types) else None
+            self._check_recorded(config, "output", tensor, known)
+        return sig
+
+    @staticmethod
+    def _check_recorded(
+        config: mc.ModelConfig, kind: str, tensor: Any, known: tuple[torch.dtype, int] | None
+    ) -> None:
+        """An ExportedProgram records each tensor's datatype and rank: check the config's."""
+        if known is None:
+            return
+        dtype, rank = known
+        model_type = _dtype_name(dtype)
+        config_type = mc.DataType.Name(tensor.data_type)
+        if model_type != config_type:
+            raise invalid_arg(
+                f"unable to load model '{config.name}', configuration expects datatype "
+                f"{config_type} for {kind} '{tensor.name}', model provides {model_type}"
+            )
+        dims = config_dims(tensor)
+        expected = len(dims) + (1 if config.max_batch_size > 0 else 0)
+        if tensor.HasField("reshape") or rank == expected:
+            return
+        raise invalid_arg(
+            f"unable to load model '{config.name}', {kind} '{tensor.name}' has {rank} "
+            f"dimension(s) in the model, but the configuration's dims {dims}"
+            + (" (with the batch dimension)" if config.max_batch_size > 0 else "")
+            + f" make {expected}"
+        )
+
     @staticmethod
     def _check_tensor_type(config: mc.ModelConfig, kind: str, tensor: Any) -> None:
         type_name = mc.DataType.Name(tensor.data_type)
@@ -371,8 +653,13 @@ class PyTorchBackend(Backend):
     def load(self, config: mc.ModelConfig, model_path: Path, spec: InstanceSpec) -> BackendInstance:
         with self._lock:
             signature = self._signatures.get((config.name, str(model_path)))
+        pt2 = is_pt2(config, model_path)
         if signature is None:  # a version other than the one complete_config read
-            signature = self._signature(config, self._jit_load(config, model_path, "cpu"))
+            signature = (
+                self._pt2_signature(config, _load_pt2(config, model_path, "cpu"))
+                if pt2
+                else self._signature(config, self._jit_load(config, model_path, "cpu"))
+            )
         device = "cpu"
         if spec.kind == "GPU":
             if torch.cuda.is_available():
@@ -388,7 +675,13 @@ class PyTorchBackend(Backend):
                         torch.__version__,
                     )
         self._size_interop_pool(config)
-        module = self._jit_load(config, model_path, device)
+        module: Any
+        if pt2:
+            program = _load_pt2(config, model_path, device)
+            device = program.device  # a CPU AOTInductor package runs on the CPU
+            module = program.call
+        else:
+            module = self._jit_load(config, model_path, device)
         if bool_parameter(config, "DISABLE_CUDNN", False):
             torch.backends.cudnn.enabled = False
         intra = int_parameter(config, "INTRA_OP_THREAD_COUNT", 1) or int_parameter(
@@ -435,6 +728,10 @@ class PyTorchInstance(BackendInstance):
     ) -> None:
         self._name = config.name
         self._module = module
+        # TorchScript modules are called through forward(); .pt2 programs are callables.
+        self._call: Callable[..., Any] | None = (
+            module.forward if isinstance(module, torch.jit.ScriptModule) else module
+        )
         self._sig = signature
         self._device = device
         self._threads = threads
@@ -489,14 +786,16 @@ class PyTorchInstance(BackendInstance):
         guard = torch.inference_mode() if self._inference_mode else torch.no_grad()
         with guard:
             if self._sig.dict_input:
-                result = self._module.forward(
+                assert self._call is not None
+                result = self._call(
                     {name: self._to_tensor(name, array) for name, array in inputs.items()}
                 )
             else:
                 arguments: list[Any] = [None] * self._sig.input_count
                 for name, array in inputs.items():
                     arguments[self._sig.input_index[name]] = self._to_tensor(name, array)
-                result = self._module.forward(*arguments)
+                assert self._call is not None
+                result = self._call(*arguments)
             return self._read_outputs(result)
 
     def _to_tensor(self, name: str, array: np.ndarray) -> Any:
@@ -579,3 +878,4 @@ class PyTorchInstance(BackendInstance):
 
     def close(self) -> None:
         self._module = None
+        self._call = None

@@ -23,6 +23,7 @@ ModelConfig = mc.ModelConfig
 PLATFORM_TO_BACKEND: dict[str, str] = {
     "onnxruntime_onnx": "onnxruntime",
     "pytorch_libtorch": "pytorch",
+    "torch_aoti": "pytorch",  # PyTorch 2 packages (model.pt2), served by the PyTorch backend
     "tensorrt_plan": "tensorrt",
     "tensorflow_savedmodel": "tensorflow",
     "tensorflow_graphdef": "tensorflow",
@@ -39,6 +40,8 @@ DEFAULT_MODEL_FILENAME: dict[str, str] = {
     "openvino": "model.xml",
     "python": "model.py",
 }
+# Platforms whose default file differs from their backend's.
+PLATFORM_MODEL_FILENAME: dict[str, str] = {"torch_aoti": "model.pt2"}
 
 _NO_FIELD = re.compile(r'has no field named "(?P<field>[^"]+)"')
 _MESSAGE_TYPE = re.compile(r'Message type "(?P<type>[^"]+)"')
@@ -101,7 +104,9 @@ def normalize(config: mc.ModelConfig, *, gpu_count: int = 0) -> None:
     resolve_backend(config)
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
-    if not config.default_model_filename and config.backend in DEFAULT_MODEL_FILENAME:
+    if not config.default_model_filename and config.platform in PLATFORM_MODEL_FILENAME:
+        config.default_model_filename = PLATFORM_MODEL_FILENAME[config.platform]
+    elif not config.default_model_filename and config.backend in DEFAULT_MODEL_FILENAME:
         config.default_model_filename = DEFAULT_MODEL_FILENAME[config.backend]
     _normalize_optimization(config)
     _normalize_instance_groups(config, gpu_count)

@@ -86,6 +86,7 @@ _FILE_TO_BACKEND = (
     ("model.onnx", "onnxruntime"),
     ("model.plan", "tensorrt"),
     ("model.pt", "pytorch"),
+    ("model.pt2", "pytorch"),  # platform torch_aoti
     ("model.xml", "openvino"),
     ("model.py", "python"),
 )
@@ -98,6 +99,8 @@ def _guess_platform(config: mc.ModelConfig, model_dir: Path) -> None:
         for version_dir in versions.values():
             if (version_dir / file_name).exists():
                 config.backend = backend
+                if file_name == "model.pt2":
+                    config.platform = "torch_aoti"
                 return
 
 

@@ -6,7 +6,11 @@ every time.
 
 ``resnet_small_pytorch`` is a ResNet-18-shaped network (a 3x3 stem, four stages of two basic
 blocks, global average pooling, a 1000-way classifier) narrowed to widths 16/32/64/128: ~0.83 M
-parameters, a ~3 MB file, ~0.22 GFLOP per 224x224 image (ResNet-50: ~8 GFLOP).
+parameters, a ~3 MB file, ~0.22 GFLOP per 224x224 image (ResNet-50: ~8 GFLOP). It runs as two
+instances (on the CPU when there is no GPU: one intra-op thread each on a 2-core machine), like
+``resnet50_onnx``: one instance with two OpenMP threads lost 1.2-1.6x of its throughput to the
+event loop and the load generator on the 2-core dev machine, since every operator's OpenMP
+barrier waits for whichever of its threads was preempted (bench/README.md, issue 8).
 """
 
 from __future__ import annotations
@@ -83,7 +87,7 @@ dynamic_batching {
 }
 instance_group [
   {
-    count: 1
+    count: 2
     kind: KIND_GPU
   }
 ]
