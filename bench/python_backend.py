@@ -1,0 +1,211 @@
+"""An empty Python model served by Oceanus and by the reference Triton 2.51, side by side.
+
+Issue 7's target: an identity model.py on 16 floats over HTTP at concurrency 16 serves
+>= 3,000 infer/s with p50 < 5 ms, measured against the real Triton serving the same files in the
+same run. Two variants of the model (the same model.py): `identity_dyna` (max_batch_size 16,
+dynamic_batching {}: the batcher hands execute() several requests) and `identity_one`
+(max_batch_size 0: one request per execute). The servers run one at a time, alternating, each
+under perf_analyzer (HTTP, binary tensors); medians are printed and written to
+bench/results/python-backend-<timestamp>.json with the exact commands.
+
+    python bench/python_backend.py [--repeat 3] [--concurrency 16] [--window-ms 2000]
+
+The reference Triton comes from ../shared/triton-reference/start.sh (the nvidia-pytriton wheel;
+its first use creates a venv, a few minutes). Without it only Oceanus is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+import benchlib
+import perf
+
+START_REFERENCE = Path(os.environ.get("TRITON_REFERENCE", "/work/shared/triton-reference/start.sh"))
+MODEL_PY = """import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0")
+                                 .as_numpy())]
+            )
+            for r in requests
+        ]
+"""
+CONFIG = """name: "{name}"
+backend: "python"
+max_batch_size: {max_batch}
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {dims} ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {dims} ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+{batching}
+"""
+MODELS = {
+    "identity_dyna": {"max_batch": 16, "dims": "16", "batching": "dynamic_batching { }"},
+    "identity_one": {"max_batch": 0, "dims": "1, 16", "batching": ""},
+}
+SERVERS = ("oceanus", "triton")
+
+
+def write_repository(root: Path) -> Path:
+    for name, fields in MODELS.items():
+        folder = root / name
+        (folder / "1").mkdir(parents=True)
+        (folder / "1" / "model.py").write_text(MODEL_PY)
+        (folder / "config.pbtxt").write_text(CONFIG.format(name=name, **fields))
+    return root
+
+
+def start(server: str, repository: Path) -> tuple[subprocess.Popen[bytes] | None, int, int]:
+    """(process or None for the reference, whose pid is killed by stop), http port, pid."""
+    http, grpc_port, metrics = (benchlib.free_port() for _ in range(3))
+    if server == "oceanus":
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "oceanus",
+                f"--model-repository={repository}",
+                f"--http-port={http}",
+                f"--grpc-port={grpc_port}",
+                "--allow-metrics=false",
+                "--http-address=127.0.0.1",
+                "--grpc-address=127.0.0.1",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        benchlib.wait_http_ok(f"http://127.0.0.1:{http}/v2/health/ready", process, 120)
+        return process, http, process.pid
+    out = subprocess.run(
+        ["bash", str(START_REFERENCE), str(repository), str(http), str(grpc_port), str(metrics)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+        # Not this checkout: Triton's stub would import Oceanus' triton_python_backend_utils.py
+        # from the working directory instead of its own.
+        cwd=repository,
+    )
+    pid = int(out.stdout.strip().splitlines()[-1])
+    benchlib.wait_http_ok(f"http://127.0.0.1:{http}/v2/health/ready", None, 120)
+    return None, http, pid
+
+
+def stop(process: subprocess.Popen[bytes] | None, pid: int) -> None:
+    if process is not None:
+        benchlib.stop_process(process)
+        return
+    subprocess.run(["kill", str(pid)], check=False)
+    for _ in range(100):
+        if subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0:
+            return
+        time.sleep(0.1)
+    subprocess.run(["kill", "-9", str(pid)], check=False)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--window-ms", type=int, default=2000)
+    args = parser.parse_args()
+    found = perf.find_perf_analyzer()
+    if found is None:
+        print("perf_analyzer not found: run /work/shared/perf_analyzer/setup.sh /tmp/pa-venv")
+        return 1
+    binary, env = found
+    servers = SERVERS if START_REFERENCE.exists() else ("oceanus",)
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {s: {m: [] for m in MODELS} for s in servers}
+    load_before = benchlib.loadavg()
+    with tempfile.TemporaryDirectory(prefix="oceanus-pybench-") as tmp:
+        repository = write_repository(Path(tmp))
+        for round_index in range(args.repeat):
+            order = servers if round_index % 2 == 0 else tuple(reversed(servers))
+            for server in order:
+                process, port, pid = start(server, repository)
+                try:
+                    for model in MODELS:
+                        result = perf.run_level(
+                            binary,
+                            env,
+                            model,
+                            f"127.0.0.1:{port}",
+                            args.concurrency,
+                            window_ms=args.window_ms,
+                        )
+                        runs[server][model].append(result)
+                        print(
+                            f"round {round_index + 1} {server:8s} {model:14s} "
+                            f"{result.get('throughput', 0):7.0f} infer/s  "
+                            f"p50 {result.get('p50_ms') or 0:.2f} ms"
+                        )
+                finally:
+                    stop(process, pid)
+    medians = {
+        server: {
+            model: {
+                "infer_per_s": benchlib.median([r.get("throughput", 0.0) for r in results]),
+                "p50_ms": benchlib.median([r.get("p50_ms") or 0.0 for r in results]),
+            }
+            for model, results in per_model.items()
+        }
+        for server, per_model in runs.items()
+    }
+    rows = []
+    for model in MODELS:
+        ours = medians["oceanus"][model]
+        theirs = medians.get("triton", {}).get(model)
+        ratio = ours["infer_per_s"] / theirs["infer_per_s"] if theirs else None
+        rows.append(
+            [
+                model,
+                f"{ours['infer_per_s']:.0f}",
+                f"{ours['p50_ms']:.2f}",
+                f"{theirs['infer_per_s']:.0f}" if theirs else "-",
+                f"{theirs['p50_ms']:.2f}" if theirs else "-",
+                f"{ratio:.2f}x" if ratio else "-",
+            ]
+        )
+    print()
+    print(
+        benchlib.table(
+            ["model", "Oceanus infer/s", "p50 ms", "Triton infer/s", "p50 ms", "ratio"], rows
+        )
+    )
+    print(f"concurrency {args.concurrency}, medians of {args.repeat}; load before {load_before}")
+    out_dir = Path(__file__).parent / "results"
+    out_dir.mkdir(exist_ok=True)
+    out = out_dir / f"python-backend-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(
+        json.dumps(
+            {
+                "concurrency": args.concurrency,
+                "window_ms": args.window_ms,
+                "repeat": args.repeat,
+                "loadavg_before": load_before,
+                "loadavg_after": benchlib.loadavg(),
+                "medians": medians,
+                "runs": runs,
+            },
+            indent=2,
+        )
+    )
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
