@@ -84,10 +84,12 @@ class InstanceWorker:
         self._batches: queue.SimpleQueue[list[Job] | None] = queue.SimpleQueue()
         self._per_request = instance.execute_requests is not None
         # Mean batch execution time (EWMA, ns; unknown until the second batch: the first two run
-        # on the thread). Never inline for per-request backends: a Python model runs user code.
+        # on the thread). Never inline for per-request backends (a Python model runs user code)
+        # nor on GPUs (a CUDA context is bound to the instance's thread).
         self.mean_ns = float("inf")
         self._executions = 0
-        self.inline_limit_ns = 0 if self._per_request else INLINE_LIMIT_NS
+        inline = not self._per_request and spec.kind == "CPU"
+        self.inline_limit_ns = INLINE_LIMIT_NS if inline else 0
         self._thread = threading.Thread(target=self._run, name=spec.name, daemon=True)
 
     def start(self, on_done: BatchDone) -> None:
