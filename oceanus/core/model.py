@@ -68,6 +68,11 @@ class ModelVersion:
     def ready(self) -> bool:
         return self.state is ModelState.READY
 
+    @property
+    def pending_count(self) -> int:
+        """Requests queued or executing (a retiring version waits for none to be left)."""
+        return self.scheduler.pending_count if self.scheduler is not None else 0
+
     def start(self, workers: list[InstanceWorker]) -> None:
         """Attach loaded instances; runs on the event loop."""
         self.scheduler = Scheduler(self.config, workers, self.stats, self._complete)

@@ -108,6 +108,8 @@ def normalize(config: mc.ModelConfig, *, gpu_count: int = 0) -> None:
         config.default_model_filename = PLATFORM_MODEL_FILENAME[config.platform]
     elif not config.default_model_filename and config.backend in DEFAULT_MODEL_FILENAME:
         config.default_model_filename = DEFAULT_MODEL_FILENAME[config.backend]
+    if config.platform == "ensemble":  # no instances, nothing to optimize (as in Triton)
+        return
     _normalize_optimization(config)
     _normalize_instance_groups(config, gpu_count)
     if config.HasField("dynamic_batching"):

@@ -20,7 +20,7 @@ from typing import Any
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.core import repository
+from oceanus.core import ensemble, repository
 from oceanus.core.errors import InferenceServerError, invalid_arg
 from oceanus.core.instance import InstanceWorker
 from oceanus.core.model import ModelEntry, ModelState, ModelVersion
@@ -40,6 +40,7 @@ class ModelManager:
         run_blocking: RunBlocking,
         autocomplete: bool,
         gpu_count: int,
+        composer: ensemble.Composer | None = None,
     ) -> None:
         self.repositories = repositories
         self.models = models
@@ -49,6 +50,8 @@ class ModelManager:
         self._locks: dict[str, asyncio.Lock] = {}
         self._fingerprints: dict[str, tuple[Any, ...]] = {}
         self._override_dirs: dict[str, Path] = {}
+        # What ensembles run their steps through (the server core).
+        self._composer = composer
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -64,6 +67,22 @@ class ModelManager:
         """Load or reload a model; raises with the reason when no version becomes ready."""
         async with self._lock(name):
             return await self._load_locked(name, config_json, files)
+
+    async def load_at_start(self, name: str) -> None:
+        """Load a model at start-up unless it was already tried (as an ensemble's dependency)."""
+        async with self._lock(name):
+            entry = self.models.get(name)
+            if entry is not None and (entry.versions or entry.error):
+                return
+            await self._load_locked(name, None, None)
+
+    async def ensure_loaded(self, name: str) -> ModelEntry:
+        """An ensemble's composing model: loaded unless a version of it is ready already."""
+        async with self._lock(name):
+            entry = self.models.get(name)
+            if entry is not None and entry.highest_ready() is not None:
+                return entry
+            return await self._load_locked(name, None, None)
 
     async def _load_locked(
         self, name: str, config_json: str | None, files: dict[str, bytes] | None
@@ -101,7 +120,10 @@ class ModelManager:
             raise InferenceServerError(
                 exc.code, f"failed to load '{name}': {exc.message}"
             ) from None
-        fresh = await self._load_versions(name, config, backend, paths)
+        if backend is None:
+            fresh = await self._load_ensemble(name, config, paths)
+        else:
+            fresh = await self._load_versions(name, config, backend, paths)
         ready = {v: mv for v, mv in fresh.items() if mv.ready}
         if not ready and serving:
             reasons = "; ".join(mv.reason for mv in fresh.values())
@@ -148,6 +170,87 @@ class ModelManager:
             log.info("successfully loaded '%s' version %d", name, loaded.version)
         return fresh
 
+    async def _load_ensemble(
+        self, name: str, config: mc.ModelConfig, paths: dict[int, Path]
+    ) -> dict[int, ModelVersion]:
+        """Load what the ensemble's steps need (as Triton does in every control mode), check
+        the steps against those models, and make its versions (unavailable, with the reason,
+        when a check fails)."""
+        reason = await self._ensemble_problem(name, config)
+        fresh: dict[int, ModelVersion] = {}
+        for version, path in paths.items():
+            model = ensemble.EnsembleVersion(name, version, config, path, self._composer_or_fail())
+            if reason:
+                model.state, model.reason = ModelState.UNAVAILABLE, reason
+                log.error("failed to load '%s' version %d: %s", name, version, reason)
+            else:
+                model.start_ensemble()
+                log.info("successfully loaded '%s' version %d", name, version)
+            fresh[version] = model
+        return fresh
+
+    def _composer_or_fail(self) -> ensemble.Composer:
+        if self._composer is None:
+            raise RuntimeError("ensembles need the ModelManager's composer")
+        return self._composer
+
+    async def _ensemble_problem(self, name: str, config: mc.ModelConfig) -> str:
+        """Why the ensemble cannot serve ("" when it can)."""
+        dependencies = ensemble.composing_models(config)
+        cycle = await self._run_blocking(self._ensemble_cycle, name, config)
+        if cycle:
+            return "circular dependency between ensembles: " + " -> ".join(cycle)
+        names = list(dict.fromkeys(model for model, _ in dependencies))
+        results = await asyncio.gather(
+            *(self.ensure_loaded(model) for model in names), return_exceptions=True
+        )
+        configs: dict[str, mc.ModelConfig] = {}
+        for model, result in zip(names, results, strict=True):
+            if isinstance(result, InferenceServerError):
+                return (
+                    f"ensemble '{name}' depends on '{model}' which has no loaded version. "
+                    f"Model '{model}' loading failed with error: {result.message}"
+                )
+            if isinstance(result, BaseException):
+                raise result
+            if result.config is None:
+                return f"ensemble '{name}' depends on '{model}' which has no loaded version."
+            configs[model] = result.config
+        for model, version in dependencies:
+            found = self.models[model].versions.get(version)
+            if version >= 0 and (found is None or not found.ready):
+                return (
+                    f"ensemble '{name}' depends on '{model}' whose required version {version} "
+                    "is not loaded"
+                )
+        try:
+            ensemble.validate_steps(config, configs)
+        except InferenceServerError as exc:
+            return exc.message
+        return ""
+
+    def _ensemble_cycle(self, name: str, config: mc.ModelConfig) -> list[str] | None:
+        """A chain of ensembles in the repositories leading back to itself (blocking)."""
+        folders = repository.scan(self.repositories)
+        configs: dict[str, mc.ModelConfig | None] = {}
+        pending = [m for m, _ in ensemble.composing_models(config)]
+        while pending:
+            model = pending.pop()
+            if model in configs or model == name:
+                continue
+            configs[model] = None
+            folder = folders.get(model)
+            if folder is None:
+                continue
+            try:
+                found = repository.read_config(folder, self._autocomplete)
+            except InferenceServerError:
+                continue
+            configs[model] = found
+            if ensemble.is_ensemble(found):
+                pending.extend(m for m, _ in ensemble.composing_models(found))
+        return ensemble.find_cycle(name, config, configs)
+
     def _write_override(self, name: str, config: mc.ModelConfig, files: dict[str, bytes]) -> Path:
         """A private model folder made of the files a load request supplied (blocking)."""
         root = Path(tempfile.mkdtemp(prefix=f"oceanus-{name}-"))
@@ -183,15 +286,22 @@ class ModelManager:
     async def _retire(self, version: ModelVersion, reason: str) -> None:
         """Stop routing to a version, let its queued and running requests finish, then free it."""
         version.state = ModelState.UNLOADING
-        scheduler = version.scheduler
-        while scheduler is not None and scheduler.pending_count:
+        while version.pending_count:
             await asyncio.sleep(_DRAIN_POLL_S)
         await self._run_blocking(version.stop)
         version.reason = reason
         log.info("successfully unloaded '%s' version %d", version.name, version.version)
 
     async def unload_all(self) -> None:
-        await asyncio.gather(*(self.unload(name) for name in list(self.models)))
+        # Ensembles first: their running requests still send steps to the other models.
+        ensembles = [
+            name
+            for name, entry in self.models.items()
+            if entry.config is not None and ensemble.is_ensemble(entry.config)
+        ]
+        await asyncio.gather(*(self.unload(name) for name in ensembles))
+        others = [name for name in self.models if name not in ensembles]
+        await asyncio.gather(*(self.unload(name) for name in others))
         for root in self._override_dirs.values():
             shutil.rmtree(root, ignore_errors=True)
 

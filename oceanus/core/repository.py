@@ -17,7 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.backends import get_backend
 from oceanus.backends.base import Backend, BackendInstance, InstanceSpec
-from oceanus.core import model_config
+from oceanus.core import ensemble, model_config
 from oceanus.core.errors import InferenceServerError, invalid_arg
 
 log = logging.getLogger("oceanus.core.repository")
@@ -125,8 +125,9 @@ def prepare_config(
     autocomplete: bool,
     gpu_count: int,
     override: mc.ModelConfig | None = None,
-) -> tuple[mc.ModelConfig, Backend, dict[int, Path]]:
-    """Read (or take the override of), complete, validate and normalize a model's config."""
+) -> tuple[mc.ModelConfig, Backend | None, dict[int, Path]]:
+    """Read (or take the override of), complete, validate and normalize a model's config
+    (the backend is None for an ensemble)."""
     if override is not None:
         config = mc.ModelConfig()
         config.CopyFrom(override)
@@ -136,7 +137,12 @@ def prepare_config(
         config = read_config(model_dir, autocomplete)
     model_config.validate_name(config, model_dir.name)
     model_config.resolve_backend(config)
-    backend = get_backend(config.backend or config.platform)
+    # An ensemble has no backend and no model file: the core runs its steps (core/ensemble.py).
+    backend: Backend | None = None
+    if ensemble.is_ensemble(config) or config.HasField("ensemble_scheduling"):
+        ensemble.validate_config(config)
+    else:
+        backend = get_backend(config.backend or config.platform)
     available = version_folders(model_dir)
     if config.HasField("version_policy"):
         policy = config.version_policy
@@ -144,7 +150,7 @@ def prepare_config(
         policy = mc.ModelVersionPolicy()
         policy.latest.num_versions = 1
     chosen = select_versions(policy, available)
-    if chosen:
+    if chosen and backend is not None:
         newest = chosen[-1]
         backend.complete_config(config, backend.model_path(config, available[newest]), autocomplete)
     model_config.validate(config, model_dir.name)

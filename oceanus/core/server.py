@@ -78,6 +78,7 @@ class ServerCore:
             self._run_blocking,
             options.autocomplete,
             _gpu_count(),
+            composer=self,
         )
         self.tracer = TraceManager(options.trace, options.span_exporter)
         # Metric families the models create (Python models' pb_utils.MetricFamily), for /metrics.
@@ -107,7 +108,7 @@ class ServerCore:
 
     async def _load_at_start(self, name: str) -> None:
         try:
-            await self.manager.load(name)
+            await self.manager.load_at_start(name)
         except InferenceServerError as exc:
             if name not in self.models:  # not even a folder: remember why for the index
                 self.models[name] = ModelEntry(name, Path(), error=exc.message)

@@ -206,7 +206,7 @@ class TritonCollector(Collector):
         yield family(
             PENDING,
             "gauge",
-            lambda v: v.scheduler.pending_count if v.scheduler is not None else 0,
+            lambda v: v.pending_count,
         )
         yield family(LOAD_TIME, "gauge", lambda v: v.load_duration_s)
         if self.config.histogram_latencies:
