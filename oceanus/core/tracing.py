@@ -172,7 +172,8 @@ def _write_file(path: str, text: str) -> None:
 
 
 class TraceSetting:
-    """One immutable set of values (global, or one model's) and the traces sampled under it."""
+    """One set of values (global, or one model's) and the traces sampled under it. An update
+    makes a new setting; only the remaining count changes in place, as traces are taken."""
 
     def __init__(
         self,
