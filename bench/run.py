@@ -62,6 +62,8 @@ TARGET_MODELS = (
 # Same ONNX file: the in-process limit and the naive server are measured once, for `simple`.
 SAME_FILE = {"simple_dyna": "simple"}
 PHASES = ("inproc", "oceanus", "naive", "grpc", "latency", "startup")
+# The gRPC points (model -> concurrency): issue 4's targets.
+GRPC_LEVELS = {"simple": 16, "resnet50_onnx": 32}
 
 
 def plan(model: str, quick: bool) -> dict[str, Any]:
@@ -309,7 +311,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         ],
         "naive": [{"model": m, "concurrency": c, **v} for (m, c), v in sorted(naive_m.items())],
     }
-    summary["targets"] = targets(rows, results.get("latency", {}))
+    summary["targets"] = targets(rows, results.get("latency", {}), summary["oceanus_grpc"])
     return summary
 
 
@@ -317,7 +319,9 @@ def _find(rows: list[dict[str, Any]], model: str, level: int) -> dict[str, Any] 
     return next((r for r in rows if r["model"] == model and r["concurrency"] == level), None)
 
 
-def targets(rows: list[dict[str, Any]], lat: dict[str, Any]) -> list[dict[str, Any]]:
+def targets(
+    rows: list[dict[str, Any]], lat: dict[str, Any], grpc_rows: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     fmt = benchlib.fmt_num
 
@@ -393,6 +397,25 @@ def targets(rows: list[dict[str, Any]], lat: dict[str, Any]) -> list[dict[str, A
             "infer/s",
             extra=f"mean batch {fmt(batch, 2)}",
             also=(bool(batch and batch > 1), f"mean batch {fmt(batch, 2)} is not > 1"),
+        )
+    # Issue 4 (gRPC): simple at c=16, and ResNet-50 at c=32 within 10 % of HTTP.
+    found = _find(grpc_rows or [], "simple", 16)
+    if found is not None:
+        add("simple gRPC c=16 >= 4,000 infer/s", found.get("throughput"), 4000, "infer/s")
+    found = _find(grpc_rows or [], "resnet50_onnx", 32)
+    http = _find(rows, "resnet50_onnx", 32)
+    if (
+        found is not None
+        and http is not None
+        and found.get("throughput")
+        and http.get("throughput")
+    ):
+        add(
+            "resnet50_onnx gRPC c=32 >= 0.9 x HTTP c=32",
+            found["throughput"] / http["throughput"],
+            0.9,
+            "x HTTP",
+            extra=f"{fmt(found['throughput'])}/s vs HTTP {fmt(http['throughput'])}/s",
         )
     single = lat.get("single_request", {}).get("simple")
     if single:
@@ -710,12 +733,12 @@ def main() -> int:
                         server is not None
                         and "grpc" not in skip
                         and pa is not None
-                        and name == "simple"
+                        and name in GRPC_LEVELS
                     ):
                         for row in oceanus_levels(
                             server,
                             model,
-                            [16],
+                            [GRPC_LEVELS[name]],
                             p["pa_window_ms"],
                             pa,
                             work_dir,
