@@ -26,6 +26,7 @@ log = logging.getLogger("oceanus.server")
 
 # Extensions listed by server metadata: only those really implemented.
 HTTP_EXTENSIONS = [
+    "sequence",
     "model_repository",
     "model_repository(unload_dependents)",
     "model_configuration",

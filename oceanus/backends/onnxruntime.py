@@ -21,6 +21,7 @@ from oceanus.backends._common import check_dims
 from oceanus.backends.base import Backend, BackendInstance, InstanceSpec
 from oceanus.core import datatypes
 from oceanus.core.errors import invalid_arg, unavailable
+from oceanus.core.model_config import sequence_control_types
 
 log = logging.getLogger("oceanus.backends.onnxruntime")
 
@@ -84,7 +85,10 @@ class OnnxRuntimeBackend(Backend):
 
     def complete_config(self, config: mc.ModelConfig, model_path: Path, autocomplete: bool) -> None:
         session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
-        model_inputs = {i.name: i for i in session.get_inputs()}
+        # The sequence batcher's control inputs are model inputs the config does not list.
+        controls = sequence_control_types(config)
+        self._check_controls(config, controls, session.get_inputs())
+        model_inputs = {i.name: i for i in session.get_inputs() if i.name not in controls}
         model_outputs = {o.name: o for o in session.get_outputs()}
         if autocomplete:
             self._autocomplete(config, list(model_inputs.values()), list(model_outputs.values()))
@@ -130,6 +134,24 @@ class OnnxRuntimeBackend(Backend):
                         tensor.data_type = mc.DataType.Value(ORT_TO_CONFIG[match.type])
                     if match is not None and not tensor.dims:
                         tensor.dims.extend(_model_dims(match.shape)[skip:] or [1])
+
+    def _check_controls(
+        self, config: mc.ModelConfig, controls: dict[str, str], model_inputs: list[Any]
+    ) -> None:
+        types = {i.name: i.type for i in model_inputs}
+        for name, datatype in controls.items():
+            if name not in types:
+                raise invalid_arg(
+                    f"unable to load model '{config.name}', sequence batching control input "
+                    f"'{name}' is not an input of the model"
+                )
+            model_type = ORT_TO_CONFIG.get(types[name], types[name])
+            expected = "TYPE_" + datatype.replace("BYTES", "STRING")
+            if model_type != expected:
+                raise invalid_arg(
+                    f"unable to load model '{config.name}', sequence batching control input "
+                    f"'{name}' is {expected}, model provides {model_type}"
+                )
 
     def _check(
         self,

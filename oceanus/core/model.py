@@ -17,6 +17,7 @@ from oceanus.core import datatypes
 from oceanus.core.errors import ErrorCode, InferenceServerError, unavailable
 from oceanus.core.instance import BatchResult, InstanceWorker, Job
 from oceanus.core.scheduler import Scheduler
+from oceanus.core.sequence import SequenceScheduler
 from oceanus.core.shared_memory import write_output
 from oceanus.core.statistics import ModelStatistics
 from oceanus.core.tensor_bytes import array_to_bytes
@@ -75,7 +76,8 @@ class ModelVersion:
 
     def start(self, workers: list[InstanceWorker]) -> None:
         """Attach loaded instances; runs on the event loop."""
-        self.scheduler = Scheduler(self.config, workers, self.stats, self._complete)
+        scheduler = SequenceScheduler if self.config.HasField("sequence_batching") else Scheduler
+        self.scheduler = scheduler(self.config, workers, self.stats, self._complete)
         self._workers = workers
         self.state = ModelState.READY
 
@@ -225,7 +227,14 @@ class ModelVersion:
         tensors: list[tuple[str, str, np.ndarray, str]] = []
         if request.trace.wants_tensors:
             for name, array in job.inputs.items():
-                tensors.append(("TENSOR_QUEUE_INPUT", name, array, self.inputs[name].datatype.name))
+                spec = self.inputs.get(name)  # None: a sequence batcher's control tensor
+                control_type = datatypes.from_numpy(array.dtype)
+                datatype = (
+                    spec.datatype.name
+                    if spec is not None
+                    else (control_type.name if control_type is not None else "BYTES")
+                )
+                tensors.append(("TENSOR_QUEUE_INPUT", name, array, datatype))
             for name, array in (outputs or {}).items():
                 spec = self.outputs.get(name)
                 datatype = spec.datatype.name if spec is not None else ""

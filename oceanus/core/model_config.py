@@ -114,6 +114,8 @@ def normalize(config: mc.ModelConfig, *, gpu_count: int = 0) -> None:
     _normalize_instance_groups(config, gpu_count)
     if config.HasField("dynamic_batching"):
         _normalize_dynamic_batching(config)
+    if config.HasField("sequence_batching"):
+        _normalize_sequence_batching(config)
 
 
 def _normalize_optimization(config: mc.ModelConfig) -> None:
@@ -155,6 +157,125 @@ def _normalize_dynamic_batching(config: mc.ModelConfig) -> None:
             )
 
 
+# Triton's default max_sequence_idle_microseconds (normalized into the config, as Triton does).
+SEQUENCE_IDLE_DEFAULT_US = 1_000_000
+
+_CONTROL_KINDS = {
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_START: "CONTROL_SEQUENCE_START",
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_READY: "CONTROL_SEQUENCE_READY",
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_END: "CONTROL_SEQUENCE_END",
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID: "CONTROL_SEQUENCE_CORRID",
+}
+
+
+def _normalize_sequence_batching(config: mc.ModelConfig) -> None:
+    batching = config.sequence_batching
+    if batching.max_sequence_idle_microseconds == 0:
+        batching.max_sequence_idle_microseconds = SEQUENCE_IDLE_DEFAULT_US
+
+
+def sequence_control_types(config: mc.ModelConfig) -> dict[str, str]:
+    """The sequence batcher's control inputs: name -> Triton datatype name (INT32, FP32, BOOL,
+    or the CORRID's data_type). The scheduler adds these tensors to every request; they are
+    model inputs the config's `input` section does not list."""
+    types: dict[str, str] = {}
+    if not config.HasField("sequence_batching"):
+        return types
+    for control_input in config.sequence_batching.control_input:
+        for control in control_input.control:
+            if control.kind == mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID:
+                name = mc.DataType.Name(control.data_type)[5:]
+            elif control.int32_false_true:
+                name = "INT32"
+            elif control.fp32_false_true:
+                name = "FP32"
+            else:
+                name = "BOOL"
+            types[control_input.name] = name.replace("STRING", "BYTES")
+    return types
+
+
+def validate_sequence_batching(config: mc.ModelConfig) -> None:
+    """Checks Triton makes on `sequence_batching` (its texts), and what Oceanus cannot do yet."""
+    batching = config.sequence_batching
+    model = config.name
+    if batching.HasField("oldest"):
+        raise unsupported(
+            f"model '{model}': sequence_batching strategy 'oldest' is not supported yet by "
+            "Oceanus; use the direct strategy ('direct { }' or no strategy)"
+        )
+    if batching.state:
+        raise unsupported(
+            f"model '{model}': implicit state management (sequence_batching 'state') is not "
+            "supported yet by Oceanus"
+        )
+    if batching.iterative_sequence:
+        raise unsupported(
+            f"model '{model}': iterative sequences (sequence_batching 'iterative_sequence') are "
+            "not supported yet by Oceanus"
+        )
+    seen: set[int] = set()
+    names = {t.name for t in config.input}
+    for control_input in batching.control_input:
+        if not control_input.name:
+            raise invalid_arg(f"sequence batching control tensor must have a name for {model}")
+        if control_input.name in names:
+            raise invalid_arg(
+                f"sequence batching control tensor '{control_input.name}' is also an input of "
+                f"model '{model}': control tensors must not be listed in 'input'"
+            )
+        names.add(control_input.name)
+        if len(control_input.control) != 1:
+            raise invalid_arg(
+                f"sequence batching control tensor '{control_input.name}' must specify exactly "
+                f"one control for {model}"
+            )
+        control = control_input.control[0]
+        kind = _CONTROL_KINDS.get(control.kind, "")
+        if not kind:
+            raise invalid_arg(
+                f"sequence batching control tensor '{control_input.name}' must specify a "
+                f"control kind for {model}"
+            )
+        if control.kind in seen:
+            raise invalid_arg(f"sequence batching specifies multiple {kind} tensors for {model}")
+        seen.add(control.kind)
+        given = [
+            field
+            for field in ("int32_false_true", "fp32_false_true", "bool_false_true")
+            if getattr(control, field)
+        ]
+        if control.kind == mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID:
+            if given:
+                raise invalid_arg(
+                    "sequence batching must not specify either 'int32_false_true', "
+                    f"'fp32_false_true' or 'bool_false_true' for {kind} for {model}"
+                )
+            allowed = (mc.TYPE_UINT64, mc.TYPE_INT64, mc.TYPE_UINT32, mc.TYPE_INT32, mc.TYPE_STRING)
+            if control.data_type not in allowed:
+                raise invalid_arg(
+                    f"sequence batching control tensor '{control_input.name}' must specify a "
+                    f"data_type of TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 or "
+                    f"TYPE_STRING for {kind} for {model}"
+                )
+            continue
+        if not given:
+            raise invalid_arg(
+                "sequence batching must specify either 'int32_false_true', 'fp32_false_true' "
+                f"or 'bool_false_true' for {kind} for {model}"
+            )
+        if len(given) > 1:
+            raise invalid_arg(
+                "sequence batching specifies more than one from 'int32_false_true', "
+                f"'fp32_false_true' and 'bool_false_true' for {kind} for {model}"
+            )
+        if len(getattr(control, given[0])) != 2:
+            raise invalid_arg(
+                f"sequence batching control '{given[0]}' must have exactly 2 entries for "
+                f"{kind} for {model}"
+            )
+
+
 def validate_name(config: mc.ModelConfig, folder_name: str) -> None:
     if config.name and config.name != folder_name:
         raise invalid_arg(
@@ -175,6 +296,8 @@ def validate(config: mc.ModelConfig, folder_name: str) -> None:
     for kind, tensors in (("input", config.input), ("output", config.output)):
         for tensor in tensors:
             _validate_tensor(config, kind, tensor)
+    if config.HasField("sequence_batching"):
+        validate_sequence_batching(config)
 
 
 def _validate_tensor(config: mc.ModelConfig, kind: str, tensor: mc.ModelInput) -> None:

@@ -187,24 +187,27 @@ class Scheduler:
             batch = self._form_batch()
             if not batch:
                 return
-            worker = self._idle.pop()
-            now = time.monotonic_ns()
-            for job in batch:
-                job.started_ns = now
-            self._queued -= len(batch)
-            self._executing += len(batch)
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug(
-                    "batch of %d request(s), %d row(s) formed for '%s' on instance %s",
-                    len(batch),
-                    sum(job.rows for job in batch),
-                    self._name,
-                    worker.spec.name,
-                )
-            if worker.runs_inline:
-                asyncio.get_running_loop().call_soon(self._execute_inline, worker, batch)
-            else:
-                worker.submit(batch)
+            self._launch(self._idle.pop(), batch)
+
+    def _launch(self, worker: InstanceWorker, batch: list[Job]) -> None:
+        """Send a formed batch (its jobs already counted out of the queue) to an idle worker."""
+        now = time.monotonic_ns()
+        for job in batch:
+            job.started_ns = now
+        self._queued -= len(batch)
+        self._executing += len(batch)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "batch of %d request(s), %d row(s) formed for '%s' on instance %s",
+                len(batch),
+                sum(job.rows for job in batch),
+                self._name,
+                worker.spec.name,
+            )
+        if worker.runs_inline:
+            asyncio.get_running_loop().call_soon(self._execute_inline, worker, batch)
+        else:
+            worker.submit(batch)
 
     def _execute_inline(self, worker: InstanceWorker, batch: list[Job]) -> None:
         """A cheap model's batch, on the loop (after the callbacks already ready, so requests

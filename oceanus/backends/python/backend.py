@@ -51,6 +51,7 @@ from oceanus.core.errors import (
     invalid_arg,
     unavailable,
 )
+from oceanus.core.model_config import sequence_control_types
 from oceanus.core.proto_json import message_to_dict
 from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 
@@ -244,6 +245,8 @@ class PythonInstance(BackendInstance):
             t.name: mc.DataType.Name(t.data_type)[5:].replace("STRING", "BYTES")
             for t in config.input
         }
+        # The sequence batcher's control tensors (START, END, READY, CORRID) reach execute too.
+        self._input_types.update(sequence_control_types(config))
         self._all_outputs = [t.name for t in config.output]
         version_dir = model_path.parent
         self._args = {
