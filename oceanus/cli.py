@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from oceanus import __version__
+from oceanus.core.response_cache import parse_cache_config
 from oceanus.logs import LogSettings
 from oceanus.settings import Settings
 from oceanus.trace_flags import trace_config_from_flags
@@ -29,8 +30,6 @@ IGNORED_FLAGS = (
     "--cache-directory",
     "--pinned-memory-pool-byte-size",
     "--cuda-memory-pool-byte-size",
-    "--response-cache-byte-size",
-    "--cache-config",
     "--rate-limit",
     "--rate-limit-resource",
     "--buffer-manager-thread-count",
@@ -171,6 +170,21 @@ def build_parser() -> argparse.ArgumentParser:
     add("--repository-poll-secs", type=parse_nonnegative, default=15)
     add("--model-load-thread-count", type=parse_nonnegative, default=4)
     add("--backend-config", action="append", default=[])
+    add(
+        "--cache-config",
+        dest="cache_config",
+        action="append",
+        default=[],
+        metavar="<cache>,<key>=<value>",
+        help="response cache: local,size=<bytes> (repeatable; see docs/response-cache.md)",
+    )
+    add(
+        "--response-cache-byte-size",
+        type=parse_nonnegative,
+        default=None,
+        metavar="BYTES",
+        help="deprecated: --cache-config local,size=<bytes>",
+    )
     add("--id", dest="server_id", default="triton")
     add("--log-verbose", type=parse_nonnegative, default=0)
     _flag(parser, "--log-info", True, "log info messages")
@@ -288,6 +302,17 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, list[str]]:
         )
     except ValueError as exc:
         parser.error(str(exc))
+    try:
+        cache = parse_cache_config(args.cache_config, args.response_cache_byte_size)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.response_cache_byte_size is not None:
+        log.warning("--response-cache-byte-size is deprecated: use --cache-config local,size=N")
+    for name in cache.caches:
+        if name != "local":
+            log.warning(
+                "cache implementation '%s' is not available (only 'local'); ignoring it", name
+            )
     metrics_address = args.metrics_address
     if metrics_address is None:
         metrics_address = args.http_address if args.allow_http else "0.0.0.0"
@@ -321,6 +346,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, list[str]]:
         repository_poll_secs=args.repository_poll_secs,
         model_load_thread_count=args.model_load_thread_count,
         backend_config=args.backend_config,
+        response_cache_size=cache.local_size(),
         server_id=args.server_id,
         reuse_grpc_port=args.reuse_grpc_port,
         grpc_keepalive_time=args.grpc_keepalive_time,

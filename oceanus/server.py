@@ -96,6 +96,7 @@ class Server:
                 extensions=list(HTTP_EXTENSIONS),
                 trace=settings.trace,
                 span_exporter=span_exporter,
+                response_cache_size=settings.response_cache_size,
             )
         )
         if settings.allow_metrics:

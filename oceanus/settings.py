@@ -35,6 +35,8 @@ class Settings:
     repository_poll_secs: int = 15
     model_load_thread_count: int = 4
     backend_config: list[str] = field(default_factory=list)
+    # The `local` response cache's size in bytes (--cache-config local,size=N); 0: no cache.
+    response_cache_size: int = 0
     server_id: str = "triton"
     log: LogSettings = field(default_factory=LogSettings)
     trace: TraceConfig = field(default_factory=TraceConfig)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from oceanus.core.errors import (
 )
 from oceanus.core.model import ModelEntry, ModelState, ModelVersion
 from oceanus.core.model_manager import ModelManager
+from oceanus.core.response_cache import ResponseCache, cacheable
 from oceanus.core.shared_memory import SharedMemoryManager
 from oceanus.core.tracing import SpanExporter, TraceConfig, TraceManager
 from oceanus.core.types import InferRequest, InferResponse
@@ -53,6 +55,8 @@ class CoreOptions:
     trace: TraceConfig = field(default_factory=TraceConfig)
     # Where traces go in trace mode "opentelemetry" (oceanus/core/tracing_otel.py).
     span_exporter: SpanExporter | None = None
+    # The `local` response cache's size in bytes (--cache-config local,size=N); 0: no cache.
+    response_cache_size: int = 0
 
 
 def _gpu_count() -> int:
@@ -85,6 +89,13 @@ class ServerCore:
         self.custom_metrics = CustomMetricRegistry()
         # Regions clients registered with the system shared memory extension.
         self.shared_memory = SharedMemoryManager()
+        # Triton's response cache, used by models whose config enables it (None: not configured).
+        self.response_cache = (
+            ResponseCache(options.response_cache_size) if options.response_cache_size > 0 else None
+        )
+        self._cache_warned: weakref.WeakSet[ModelVersion] = weakref.WeakSet()
+        if self.response_cache is not None:
+            log.info("response cache: local, %d bytes", options.response_cache_size)
         self.live = False
         self._shutting_down = False
         self._poller: asyncio.Task[None] | None = None
@@ -103,6 +114,7 @@ class ServerCore:
             wanted = list(folders)
         self.live = True
         await asyncio.gather(*(self._load_at_start(name) for name in wanted))
+        self._warn_uncached()
         if options.control_mode == "poll":
             self._poller = asyncio.create_task(self.manager.poll_forever(options.poll_seconds))
 
@@ -118,7 +130,10 @@ class ServerCore:
     ) -> None:
         """The repository extension's load: only in explicit mode, as in Triton."""
         self._require_explicit()
-        await self.manager.load(name, config_json, files)
+        try:
+            await self.manager.load(name, config_json, files)
+        finally:
+            self._warn_uncached()
 
     async def unload_model(self, name: str) -> None:
         self._require_explicit()
@@ -231,7 +246,7 @@ class ServerCore:
         model = self.resolve(request.model_name, request.model_version)
         if model.decoupled:
             raise unsupported(DECOUPLED_UNSUPPORTED.format(caller=caller))
-        future = model.infer(request)
+        future = self._infer_one(model, request)
         if request.shm_regions:
             self.shared_memory.hold(request.shm_regions, future)
         return future
@@ -258,10 +273,55 @@ class ServerCore:
             if request.shm_regions:
                 return _holding(request.shm_regions, responses)
             return responses
-        future = model.infer(request)
+        future = self._infer_one(model, request)
         if request.shm_regions:
             self.shared_memory.hold(request.shm_regions, future)
         return _one(future)
+
+    def _infer_one(
+        self, model: ModelVersion, request: InferRequest
+    ) -> asyncio.Future[InferResponse]:
+        """A one-response request, through the response cache when its model uses it."""
+        cache = self.response_cache
+        if cache is not None and self.cache_enabled(model) and cacheable(request):
+            return cache.infer(model, request)
+        return model.infer(request)
+
+    def cache_enabled(self, model: ModelVersion) -> bool:
+        """Whether `model` uses the response cache: the server has one and the model's config
+        enables it (decoupled and sequence batching models never do, as in Triton)."""
+        return (
+            self.response_cache is not None
+            and model.config.response_cache.enable
+            and not model.decoupled
+            and not model.config.HasField("sequence_batching")
+        )
+
+    def _warn_uncached(self) -> None:
+        """Once per loaded version: a model enabling the response cache while the server has
+        none (or cannot cache it) runs without one."""
+        for entry in self.models.values():
+            for version in entry.versions.values():
+                if not version.config.response_cache.enable or version in self._cache_warned:
+                    continue
+                self._cache_warned.add(version)
+                if self.response_cache is None:
+                    log.warning(
+                        "model '%s' version %d enables the response cache, but the server's "
+                        "response cache is not configured (--cache-config local,size=<bytes>); "
+                        "running without it",
+                        version.name,
+                        version.version,
+                    )
+                elif not self.cache_enabled(version):
+                    kind = "decoupled" if version.decoupled else "sequence batching"
+                    log.warning(
+                        "model '%s' version %d: the response cache does not support %s models; "
+                        "running without it",
+                        version.name,
+                        version.version,
+                        kind,
+                    )
 
     # ---- statistics and repository ------------------------------------------------------------
 

@@ -90,6 +90,20 @@ class ModelStatistics:
         if self.latency is not None:
             self.latency.observe(request_ns, queue_ns, input_ns, infer_ns, output_ns)
 
+    def record_cache_hit(self, request_ns: int, queue_ns: int, hit_ns: int) -> None:
+        """A request answered from the response cache: a success with no execution (no
+        inference count, no compute times, no last_inference), as Triton's
+        UpdateSuccessCacheHit counts it."""
+        self.success.add(request_ns)
+        self.queue.add(queue_ns)
+        self.cache_hit.add(hit_ns)
+
+    def record_cache_miss(self, miss_ns: int) -> None:
+        """A request the cache missed, executed and stored: the lookup and insertion time,
+        also added to the request's duration (Triton's UpdateSuccessCacheMiss)."""
+        self.success.ns += miss_ns
+        self.cache_miss.add(miss_ns)
+
     def record_failure(self, request_ns: int, reason: str) -> None:
         self.fail.add(request_ns)
         self.failures_by_reason[reason] = self.failures_by_reason.get(reason, 0) + 1

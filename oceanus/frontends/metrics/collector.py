@@ -82,6 +82,24 @@ FIRST_RESPONSE = (
     "nv_inference_first_response_histogram_ms",
     "Duration from request to first response in milliseconds",
 )
+# Per model version families of the response cache, only for versions that use it (Triton's
+# MetricModelReporter adds them when the model's cache is enabled): (name, HELP, stats field).
+CACHE_COUNTERS = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model", "cache_hit", False),
+    (
+        "nv_cache_hit_duration_per_model",
+        "Total cache hit duration per model, in microseconds",
+        "cache_hit",
+        True,
+    ),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model", "cache_miss", False),
+    (
+        "nv_cache_miss_duration_per_model",
+        "Total cache miss (insert+lookup) duration per model, in microseconds",
+        "cache_miss",
+        True,
+    ),
+)
 # kind (as in latency.SUMMARY_KINDS) -> (name, HELP, statistics field for _count/_sum)
 SUMMARIES = {
     "request": (
@@ -209,6 +227,15 @@ class TritonCollector(Collector):
             lambda v: v.pending_count,
         )
         yield family(LOAD_TIME, "gauge", lambda v: v.load_duration_s)
+        cached = [(v, labels) for v, labels in versions if self.core.cache_enabled(v)]
+        if cached:
+            for name, help_text, field_name, duration in CACHE_COUNTERS:
+                metric = Metric(name, help_text, "counter")
+                for version, labels in cached:
+                    value: Duration = getattr(version.stats, field_name)
+                    number = _us(value) if duration else value.count
+                    metric.add_sample(name, labels, float(number))
+                yield metric
         if self.config.histogram_latencies:
             yield self._histogram(versions)
         if self.config.summary_latencies:

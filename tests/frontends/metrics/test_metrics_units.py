@@ -34,6 +34,10 @@ class FakeCore:
     def __init__(self, *versions: ModelVersion) -> None:
         self.models = {v.name: FakeEntry({v.version: v}) for v in versions}
 
+    def cache_enabled(self, model: ModelVersion) -> bool:
+        """No response cache (ServerCore.cache_enabled)."""
+        return False
+
 
 def version(name: str, tags: dict[str, str] | None = None) -> ModelVersion:
     config = mc.ModelConfig(name=name, max_batch_size=8)
