@@ -20,7 +20,7 @@ from typing import Any
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.core import ensemble, repository
+from oceanus.core import ensemble, repository, warmup
 from oceanus.core.errors import InferenceServerError, invalid_arg
 from oceanus.core.instance import InstanceWorker
 from oceanus.core.model import ModelEntry, ModelState, ModelVersion
@@ -146,9 +146,8 @@ class ModelManager:
         fresh = {v: ModelVersion(name, v, config, path) for v, path in paths.items()}
         results = await asyncio.gather(
             *(
-                self._run_blocking(
-                    repository.load_version, config, backend, v, path, self._gpu_count
-                )
+                # Creates the instances, then runs the config's warmup samples on each.
+                self._run_blocking(warmup.load_version, config, backend, v, path, self._gpu_count)
                 for v, path in paths.items()
             )
         )
