@@ -112,12 +112,13 @@ class Server:
             await core.shutdown()
             return 1
         try:
+            # HTTP last: once /v2/health/live answers, every other endpoint is up too.
+            if settings.allow_metrics:
+                await self._start_metrics(core)
             if settings.allow_grpc:
                 await self._start_grpc(core)
             if settings.allow_http:
                 await self._start_http(core)
-            if settings.allow_metrics:
-                await self._start_metrics(core)
             await self._stop.wait()
             log.info("stopping: waiting for in-flight requests")
             core.stop_accepting()
