@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -164,8 +165,11 @@ class TraceFile:
 
 
 def _write_file(path: str, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as out:
+    """Write whole or not at all: a reader never sees a half-written indexed trace file."""
+    partial = path + ".partial"
+    with open(partial, "w", encoding="utf-8") as out:
         out.write(text)
+    os.replace(partial, path)
 
 
 # ---- settings -----------------------------------------------------------------------------------
