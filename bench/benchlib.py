@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -374,3 +375,22 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
         if index == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def write_side_by_side(prefix: str, args: Any, load_before: list[float], **results: Any) -> Path:
+    """bench/results/<prefix>-<timestamp>.json for a side-by-side script: its settings
+    (concurrency, window, repeats), the load averages around the run, and `results`."""
+    out_dir = Path(__file__).parent / "results"
+    out_dir.mkdir(exist_ok=True)
+    out = out_dir / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    document = {
+        "concurrency": args.concurrency,
+        "window_ms": args.window_ms,
+        "repeat": args.repeat,
+        "loadavg_before": load_before,
+        "loadavg_after": loadavg(),
+        **results,
+    }
+    out.write_text(json.dumps(document, indent=2))
+    print(f"wrote {out}")
+    return out

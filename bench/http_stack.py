@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import subprocess
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -217,25 +215,9 @@ def main() -> int:
         f"oceanus / uvicorn: {ratio:.2f}x  (concurrency {args.concurrency}, median of "
         f"{args.repeat}; load average before: {load_before})"
     )
-    out_dir = Path(__file__).parent / "results"
-    out_dir.mkdir(exist_ok=True)
-    out = out_dir / f"http-stack-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(
-        json.dumps(
-            {
-                "concurrency": args.concurrency,
-                "window_ms": args.window_ms,
-                "repeat": args.repeat,
-                "loadavg_before": load_before,
-                "loadavg_after": benchlib.loadavg(),
-                "medians": medians,
-                "oceanus_over_uvicorn": ratio,
-                "runs": runs,
-            },
-            indent=2,
-        )
+    benchlib.write_side_by_side(
+        "http-stack", args, load_before, medians=medians, oceanus_over_uvicorn=ratio, runs=runs
     )
-    print(f"wrote {out}")
     return 0
 
 

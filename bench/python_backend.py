@@ -17,7 +17,6 @@ its first use creates a venv, a few minutes). Without it only Oceanus is measure
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -186,24 +185,7 @@ def main() -> int:
         )
     )
     print(f"concurrency {args.concurrency}, medians of {args.repeat}; load before {load_before}")
-    out_dir = Path(__file__).parent / "results"
-    out_dir.mkdir(exist_ok=True)
-    out = out_dir / f"python-backend-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(
-        json.dumps(
-            {
-                "concurrency": args.concurrency,
-                "window_ms": args.window_ms,
-                "repeat": args.repeat,
-                "loadavg_before": load_before,
-                "loadavg_after": benchlib.loadavg(),
-                "medians": medians,
-                "runs": runs,
-            },
-            indent=2,
-        )
-    )
-    print(f"wrote {out}")
+    benchlib.write_side_by_side("python-backend", args, load_before, medians=medians, runs=runs)
     return 0
 
 
