@@ -32,6 +32,12 @@ RunBlocking = Callable[..., Awaitable[Any]]
 _DRAIN_POLL_S = 0.005
 
 
+# Triton 2.51 refuses this at load (its qa/L0_response_cache greps for these words).
+DECOUPLED_CACHE = (
+    "Response Cache does not currently support model with decoupled transaction policy"
+)
+
+
 class ModelManager:
     def __init__(
         self,
@@ -41,6 +47,7 @@ class ModelManager:
         autocomplete: bool,
         gpu_count: int,
         composer: ensemble.Composer | None = None,
+        response_cache: bool = False,
     ) -> None:
         self.repositories = repositories
         self.models = models
@@ -52,6 +59,9 @@ class ModelManager:
         self._override_dirs: dict[str, Path] = {}
         # What ensembles run their steps through (the server core).
         self._composer = composer
+        # Whether the server has a response cache (--cache-config): decoupled models that
+        # enable it are then refused, as Triton refuses them.
+        self._response_cache = response_cache
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -113,6 +123,12 @@ class ModelManager:
                     "at least one version must be available under the version policy of "
                     f"model '{name}'"
                 )
+            if (
+                self._response_cache
+                and config.response_cache.enable
+                and config.model_transaction_policy.decoupled
+            ):
+                raise invalid_arg(DECOUPLED_CACHE)
         except InferenceServerError as exc:
             log.error("failed to load '%s': %s", name, exc.message)
             if not serving:

@@ -83,6 +83,7 @@ class ServerCore:
             options.autocomplete,
             _gpu_count(),
             composer=self,
+            response_cache=options.response_cache_size > 0,
         )
         self.tracer = TraceManager(options.trace, options.span_exporter)
         # Metric families the models create (Python models' pb_utils.MetricFamily), for /metrics.

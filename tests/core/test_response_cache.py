@@ -257,3 +257,22 @@ def test_ensemble_hit_runs_no_step(cache_repository: Path, tmp_path: Path, launc
     stats = _stats(server, "wrap")["inference_stats"]
     assert (stats["cache_hit"]["count"], stats["cache_miss"]["count"]) == (1, 1)
     assert _counts(_stats(server, "simple_nocache")) == (0, 0, 1)
+
+
+def test_decoupled_model_with_the_cache_is_refused_at_load(tmp_path: Path, launch: Any) -> None:
+    """As Triton: with a server cache, a decoupled model that enables it fails to load."""
+    repository = tmp_path / "models"
+    source = Path(__file__).parents[1] / "backends" / "python" / "models" / "repeat"
+    shutil.copytree(source, repository / "repeat")
+    config = repository / "repeat" / "config.pbtxt"
+    config.write_text(config.read_text() + "\nresponse_cache { enable: true }\n")
+    server = launch(
+        [repository],
+        ["--cache-config=local,size=1048576", "--exit-on-error=false", "--allow-metrics=false"],
+    )
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        (entry,) = client.get_model_repository_index()
+    assert entry["state"] == "UNAVAILABLE"
+    assert entry["reason"] == (
+        "Response Cache does not currently support model with decoupled transaction policy"
+    )
