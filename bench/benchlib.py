@@ -165,23 +165,9 @@ def oceanus_server(
     while grpc_port == http_port:
         grpc_port = free_port()
     argv = oceanus_argv(repository, http_port, grpc_port)
-    log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{tag}-{http_port}.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    server = Server(proc, http_port, grpc_port, log_path, argv=argv)
-    try:
-        server.ready_s = wait_http_ok(
-            f"http://127.0.0.1:{http_port}/v2/health/ready", proc, timeout
-        )
+    with _started(argv, log_path, http_port, grpc_port, "/v2/health/ready", timeout) as server:
         yield server
-    except Exception:
-        tail = server.log_tail()
-        if tail:
-            print(f"--- {log_path} (tail) ---\n{tail}", file=sys.stderr)
-        raise
-    finally:
-        stop_process(proc)
 
 
 @contextlib.contextmanager
@@ -200,13 +186,27 @@ def naive_server(
         "--mode",
         mode,
     ]
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"naive-{port}.log"
+    with _started(argv, log_dir / f"naive-{port}.log", port, None, "/health", timeout) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def _started(
+    argv: list[str],
+    log_path: Path,
+    http_port: int,
+    grpc_port: int | None,
+    ready_path: str,
+    timeout: float,
+) -> Iterator[Server]:
+    """Run `argv` logging to `log_path` until `ready_path` answers 200; stop it afterwards (its
+    log's tail is printed if anything fails meanwhile)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    server = Server(proc, port, None, log_path, argv=argv)
+    server = Server(proc, http_port, grpc_port, log_path, argv=argv)
     try:
-        server.ready_s = wait_http_ok(f"http://127.0.0.1:{port}/health", proc, timeout)
+        server.ready_s = wait_http_ok(f"http://127.0.0.1:{http_port}{ready_path}", proc, timeout)
         yield server
     except Exception:
         tail = server.log_tail()

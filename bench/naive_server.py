@@ -24,20 +24,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import uvicorn
+from benchlib import NP_DTYPES  # this script runs from bench/, which is on sys.path
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel
-
-ORT_TO_NUMPY = {
-    "tensor(float)": np.float32,
-    "tensor(double)": np.float64,
-    "tensor(float16)": np.float16,
-    "tensor(int64)": np.int64,
-    "tensor(int32)": np.int32,
-    "tensor(int16)": np.int16,
-    "tensor(int8)": np.int8,
-    "tensor(uint8)": np.uint8,
-    "tensor(bool)": np.bool_,
-}
 
 
 class PredictRequest(BaseModel):
@@ -46,7 +35,7 @@ class PredictRequest(BaseModel):
 
 def create_app(model_path: str, mode: str = "executor") -> FastAPI:
     session = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
-    input_types = {i.name: ORT_TO_NUMPY[i.type] for i in session.get_inputs()}
+    input_types = {i.name: NP_DTYPES[i.type] for i in session.get_inputs()}
     output_names = [o.name for o in session.get_outputs()]
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnxruntime")
     lock = threading.Lock()

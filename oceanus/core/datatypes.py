@@ -78,27 +78,16 @@ def from_numpy(dtype: np.dtype) -> DataType | None:
 
 
 def serialize_bytes(array: np.ndarray) -> bytes:
-    """BYTES elements framed as 4-byte little-endian length + bytes, in row-major order."""
+    """BYTES elements framed as 4-byte little-endian length + bytes, in row-major order (other
+    objects are str()-encoded as UTF-8)."""
     parts: list[bytes] = []
     for item in array.reshape(-1):
-        data = item if isinstance(item, bytes) else str(item).encode()
+        if isinstance(item, bytes):
+            data = item
+        elif isinstance(item, (bytearray, memoryview)):
+            data = bytes(item)
+        else:
+            data = str(item).encode()
         parts.append(len(data).to_bytes(4, "little"))
         parts.append(data)
     return b"".join(parts)
-
-
-def deserialize_bytes(buffer: bytes | memoryview) -> list[bytes] | None:
-    """Split length-framed BYTES elements; None when the framing does not add up."""
-    view = memoryview(buffer)
-    items: list[bytes] = []
-    offset, end = 0, len(view)
-    while offset < end:
-        if offset + 4 > end:
-            return None
-        length = int.from_bytes(view[offset : offset + 4], "little")
-        offset += 4
-        if offset + length > end:
-            return None
-        items.append(bytes(view[offset : offset + length]))
-        offset += length
-    return items

@@ -156,14 +156,7 @@ class ModelVersion:
         if future.cancelled():
             self.stats.record_failure(now - request.received_ns, "CANCELED")
             return
-        self.stats.record_success(
-            request_ns=now - request.received_ns,
-            queue_ns=job.started_ns - job.enqueued_ns,
-            input_ns=result.input_ns,
-            infer_ns=result.infer_ns,
-            output_ns=result.output_ns,
-            rows=job.rows,
-        )
+        self._record_success(job, result, now)
         if job.response_error is not None:
             # The model answered this request with an error: the client gets it, the statistics
             # count a success (as Triton counts it).
@@ -178,6 +171,16 @@ class ModelVersion:
             response.parameters.update(job.response_parameters)
         future.set_result(response)
 
+    def _record_success(self, job: Job, result: BatchResult, now: int) -> None:
+        self.stats.record_success(
+            request_ns=now - job.request.received_ns,
+            queue_ns=job.started_ns - job.enqueued_ns,
+            input_ns=result.input_ns,
+            infer_ns=result.infer_ns,
+            output_ns=result.output_ns,
+            rows=job.rows,
+        )
+
     def _complete_stream(
         self, job: Job, result: BatchResult | None, now: int, error: InferenceServerError | None
     ) -> None:
@@ -188,14 +191,7 @@ class ModelVersion:
             self.stats.record_failure(now - request.received_ns, _failure_reason(error))
             stream.put(None, error or unavailable("request cancelled"), True)
         else:
-            self.stats.record_success(
-                request_ns=now - request.received_ns,
-                queue_ns=job.started_ns - job.enqueued_ns,
-                input_ns=result.input_ns,
-                infer_ns=result.infer_ns,
-                output_ns=result.output_ns,
-                rows=job.rows,
-            )
+            self._record_success(job, result, now)
             if job.response_error is not None:
                 stream.put(None, job.response_error, True)
         if not job.future.done():

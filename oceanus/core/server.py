@@ -247,10 +247,7 @@ class ServerCore:
         model = self.resolve(request.model_name, request.model_version)
         if model.decoupled:
             raise unsupported(DECOUPLED_UNSUPPORTED.format(caller=caller))
-        future = self._infer_one(model, request)
-        if request.shm_regions:
-            self.shared_memory.hold(request.shm_regions, future)
-        return future
+        return self._infer_one(model, request)
 
     def infer_stream(
         self,
@@ -274,19 +271,21 @@ class ServerCore:
             if request.shm_regions:
                 return _holding(request.shm_regions, responses)
             return responses
-        future = self._infer_one(model, request)
-        if request.shm_regions:
-            self.shared_memory.hold(request.shm_regions, future)
-        return _one(future)
+        return _one(self._infer_one(model, request))
 
     def _infer_one(
         self, model: ModelVersion, request: InferRequest
     ) -> asyncio.Future[InferResponse]:
-        """A one-response request, through the response cache when its model uses it."""
+        """A one-response request, through the response cache when its model uses it; the
+        shared memory regions it names stay in use until it completes."""
         cache = self.response_cache
         if cache is not None and self.cache_enabled(model) and cacheable(request):
-            return cache.infer(model, request)
-        return model.infer(request)
+            future = cache.infer(model, request)
+        else:
+            future = model.infer(request)
+        if request.shm_regions:
+            self.shared_memory.hold(request.shm_regions, future)
+        return future
 
     def cache_enabled(self, model: ModelVersion) -> bool:
         """Whether `model` uses the response cache: the server has one and the model's config

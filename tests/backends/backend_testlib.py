@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import os
 import signal
@@ -18,6 +19,7 @@ import ml_dtypes
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,6 +78,30 @@ def http_error(
     except InferenceServerException as exc:
         return exc
     raise AssertionError(f"inference on '{model}' succeeded; an error was expected")
+
+
+def infer_pairs_at_once(
+    url: str, models: Sequence[str], names: tuple[str, str], pairs: Sequence[tuple[Any, Any]]
+) -> list[Any]:
+    """Send every (a, b) INT32 pair as inputs `names` at the same time (tritonclient.http.aio);
+    the i-th request goes to models[i % len(models)]. Results in the order of `pairs`."""
+
+    async def run() -> list[Any]:
+        client = aioclient.InferenceServerClient(url)
+        try:
+            calls = []
+            for i, (a, b) in enumerate(pairs):
+                inputs = []
+                for name, value in zip(names, (a, b), strict=True):
+                    tensor = aioclient.InferInput(name, list(value.shape), "INT32")
+                    tensor.set_data_from_numpy(value)
+                    inputs.append(tensor)
+                calls.append(client.infer(models[i % len(models)], inputs))
+            return list(await asyncio.gather(*calls))
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
 
 
 def stats(url: str, model: str) -> dict[str, Any]:

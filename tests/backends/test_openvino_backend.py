@@ -4,7 +4,6 @@ Triton's parameters, load errors naming the tensor, and OpenVINO missing altoget
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,6 @@ ov = pytest.importorskip("openvino")
 
 import ml_dtypes  # noqa: E402
 import tritonclient.http as httpclient  # noqa: E402
-import tritonclient.http.aio as aioclient  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from backend_testlib import (  # noqa: E402
@@ -27,6 +25,7 @@ from backend_testlib import (  # noqa: E402
     http_error,
     http_infer,
     index,
+    infer_pairs_at_once,
     write_model,
 )
 
@@ -238,23 +237,10 @@ def test_config_datatype_is_converted(server: Any) -> None:
 def test_concurrent_requests_are_correct(server: Any) -> None:
     pairs = [_pair(1 + i % 3, seed=10 + i) for i in range(12)]
 
-    async def run() -> list[Any]:
-        client = aioclient.InferenceServerClient(server.http_url)
-        try:
-            calls = []
-            for index_, (a, b) in enumerate(pairs):
-                inputs = []
-                for name, value in (("INPUT0", a), ("INPUT1", b)):
-                    tensor = aioclient.InferInput(name, list(value.shape), "INT32")
-                    tensor.set_data_from_numpy(value)
-                    inputs.append(tensor)
-                model = "simple_openvino" if index_ % 2 else "simple_ov_throughput"
-                calls.append(client.infer(model, inputs))
-            return list(await asyncio.gather(*calls))
-        finally:
-            await client.close()
-
-    for (a, b), result in zip(pairs, asyncio.run(run()), strict=True):
+    results = infer_pairs_at_once(
+        server.http_url, ["simple_ov_throughput", "simple_openvino"], ("INPUT0", "INPUT1"), pairs
+    )
+    for (a, b), result in zip(pairs, results, strict=True):
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
         np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
 
@@ -336,22 +322,8 @@ def test_dynamic_batching_forms_batches(repository: Path, launch: Any) -> None:
     )
     pairs = [_pair(1, seed=20 + i) for i in range(4)]
 
-    async def run() -> list[Any]:
-        client = aioclient.InferenceServerClient(server.http_url)
-        try:
-            calls = []
-            for a, b in pairs:
-                inputs = []
-                for name, value in (("INPUT0", a), ("INPUT1", b)):
-                    tensor = aioclient.InferInput(name, [1, 16], "INT32")
-                    tensor.set_data_from_numpy(value)
-                    inputs.append(tensor)
-                calls.append(client.infer("simple_openvino", inputs))
-            return list(await asyncio.gather(*calls))
-        finally:
-            await client.close()
-
-    for (a, b), result in zip(pairs, asyncio.run(run()), strict=True):
+    results = infer_pairs_at_once(server.http_url, ["simple_openvino"], ("INPUT0", "INPUT1"), pairs)
+    for (a, b), result in zip(pairs, results, strict=True):
         np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
     assert batch_sizes(server.http_url, "simple_openvino") == {4: 1}
 

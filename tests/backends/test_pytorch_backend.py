@@ -4,7 +4,6 @@ naming conventions, load errors naming the tensor, and PyTorch missing altogethe
 
 from __future__ import annotations
 
-import asyncio
 import io
 import sys
 from pathlib import Path
@@ -17,7 +16,6 @@ import pytest
 pytest.importorskip("torch")
 
 import torch
-import tritonclient.http.aio as aioclient
 
 sys.path.insert(0, str(Path(__file__).parent))
 from backend_testlib import (
@@ -28,6 +26,7 @@ from backend_testlib import (
     http_error,
     http_infer,
     index,
+    infer_pairs_at_once,
     write_model,
 )
 
@@ -301,22 +300,10 @@ def test_unbatched(server: Any) -> None:
 def test_concurrent_requests_are_correct(server: Any) -> None:
     pairs = [_pair(1 + i % 3, seed=10 + i) for i in range(12)]
 
-    async def run() -> list[Any]:
-        client = aioclient.InferenceServerClient(server.http_url)
-        try:
-            calls = []
-            for a, b in pairs:
-                inputs = []
-                for name, value in (("INPUT__0", a), ("INPUT__1", b)):
-                    tensor = aioclient.InferInput(name, list(value.shape), "INT32")
-                    tensor.set_data_from_numpy(value)
-                    inputs.append(tensor)
-                calls.append(client.infer("simple_pytorch", inputs))
-            return list(await asyncio.gather(*calls))
-        finally:
-            await client.close()
-
-    for (a, b), result in zip(pairs, asyncio.run(run()), strict=True):
+    results = infer_pairs_at_once(
+        server.http_url, ["simple_pytorch"], ("INPUT__0", "INPUT__1"), pairs
+    )
+    for (a, b), result in zip(pairs, results, strict=True):
         np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), a + b)
         np.testing.assert_array_equal(result.as_numpy("OUTPUT__1"), a - b)
 
@@ -446,22 +433,10 @@ def test_dynamic_batching_forms_batches(repository: Path, launch: Any) -> None:
     )
     pairs = [_pair(1, seed=20 + i) for i in range(4)]
 
-    async def run() -> list[Any]:
-        client = aioclient.InferenceServerClient(server.http_url)
-        try:
-            calls = []
-            for a, b in pairs:
-                inputs = []
-                for name, value in (("INPUT__0", a), ("INPUT__1", b)):
-                    tensor = aioclient.InferInput(name, [1, 16], "INT32")
-                    tensor.set_data_from_numpy(value)
-                    inputs.append(tensor)
-                calls.append(client.infer("simple_pytorch", inputs))
-            return list(await asyncio.gather(*calls))
-        finally:
-            await client.close()
-
-    for (a, b), result in zip(pairs, asyncio.run(run()), strict=True):
+    results = infer_pairs_at_once(
+        server.http_url, ["simple_pytorch"], ("INPUT__0", "INPUT__1"), pairs
+    )
+    for (a, b), result in zip(pairs, results, strict=True):
         np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), a + b)
     assert batch_sizes(server.http_url, "simple_pytorch") == {4: 1}
 

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from oceanus.core import datatypes
+
 # ---- message kinds (the first element of every message) ----------------------------------------
 
 INIT = "init"  # server -> worker: start the model (args, paths)
@@ -94,21 +96,6 @@ def numpy_dtype(datatype: str) -> np.dtype:
         _DTYPES["BF16"] = found
         return found
     raise ValueError(f"unknown datatype '{datatype}'")
-
-
-def serialize_bytes(array: np.ndarray) -> bytes:
-    """BYTES elements as 4-byte little-endian length + bytes, row-major."""
-    parts: list[bytes] = []
-    for item in array.reshape(-1):
-        if isinstance(item, bytes):
-            data = item
-        elif isinstance(item, (bytearray, memoryview, np.bytes_)):
-            data = bytes(item)
-        else:
-            data = str(item).encode()
-        parts.append(_LENGTH.pack(len(data)))
-        parts.append(data)
-    return b"".join(parts)
 
 
 def deserialize_bytes(buffer: Any, count: int = -1) -> np.ndarray:
@@ -242,7 +229,7 @@ TensorDesc = tuple[str, str, tuple[int, ...], int, int]  # (name, datatype, shap
 
 def _raw(datatype: str, array: np.ndarray) -> np.ndarray:
     if datatype == "BYTES":
-        return np.frombuffer(serialize_bytes(array), dtype=np.uint8)
+        return np.frombuffer(datatypes.serialize_bytes(array), dtype=np.uint8)
     contiguous = np.ascontiguousarray(array)
     return contiguous.reshape(-1).view(np.uint8)
 

@@ -14,12 +14,14 @@ import collections
 import itertools
 import json
 import logging
-import struct
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import numpy as np
+
+from oceanus.backends.python import transport
+from oceanus.core import datatypes
 
 __all__ = [
     "TRITONSERVER_MEMORY_CPU",
@@ -164,27 +166,12 @@ def serialize_byte_tensor(input_tensor: np.ndarray) -> bytes | None:
         return b""
     if input_tensor.dtype != np.object_ and input_tensor.dtype.type != np.bytes_:
         return None
-    parts: list[bytes] = []
-    for item in input_tensor.reshape(-1, order="C"):
-        data = item if isinstance(item, bytes) else str(item).encode("utf-8")
-        parts.append(struct.pack("<I", len(data)))
-        parts.append(data)
-    return b"".join(parts)
+    return datatypes.serialize_bytes(input_tensor)
 
 
 def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
     """The inverse of `serialize_byte_tensor`: a flat object array of bytes."""
-    items: list[bytes] = []
-    view = memoryview(encoded_tensor).cast("B")
-    offset = 0
-    while offset < len(view):
-        (length,) = struct.unpack_from("<I", view, offset)
-        offset += 4
-        items.append(bytes(view[offset : offset + length]))
-        offset += length
-    array = np.empty(len(items), dtype=object)
-    array[:] = items
-    return array
+    return transport.deserialize_bytes(encoded_tensor)
 
 
 # ---- errors -------------------------------------------------------------------------------------

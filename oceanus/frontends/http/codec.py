@@ -15,7 +15,7 @@ from oceanus.core import datatypes
 from oceanus.core.datatypes import DataType
 from oceanus.core.errors import InferenceServerError, invalid_arg
 from oceanus.core.shared_memory import NO_REGIONS, SharedMemoryManager
-from oceanus.core.tensor_bytes import array_from_bytes
+from oceanus.core.tensor_bytes import array_from_bytes, array_to_bytes
 from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -263,19 +263,7 @@ def _decode_input(
                 f"unexpected size for input '{name}', expecting {end - len(binary)} additional "
                 f"bytes for model '{model_name}'"
             )
-        chunk = binary[offset:end]
-        if datatype.is_bytes:
-            data = _bytes_elements(name, chunk)
-        elif binary_size % datatype.itemsize:
-            expected = datatype.itemsize
-            for dim in shape:
-                expected *= dim
-            raise invalid_arg(
-                f"[request id: {request.id or '<id_unknown>'}] input byte size mismatch for input "
-                f"'{name}' for model '{model_name}'. Expected {expected}, got {binary_size}"
-            )
-        else:
-            data = np.frombuffer(chunk, dtype=datatype.dtype)
+        data = array_from_bytes(name, datatype, binary[offset:end], shape, model_name, request.id)
         return Tensor(name, datatype_name, shape, data), end
     if datatype.name in ("FP16", "BF16"):
         raise invalid_arg(
@@ -289,29 +277,6 @@ def _decode_input(
     if data.size != expected:
         raise invalid_arg("Unable to parse 'data': Shape does not match true shape of 'data' field")
     return Tensor(name, datatype_name, shape, data), offset
-
-
-def _bytes_elements(name: str, chunk: memoryview) -> np.ndarray:
-    items: list[bytes] = []
-    offset, end = 0, len(chunk)
-    while offset < end:
-        if offset + 4 > end:
-            raise invalid_arg(
-                f"incomplete string length for inference input '{name}', expecting 4 bytes "
-                f"but only {end - offset} bytes available"
-            )
-        length = int.from_bytes(chunk[offset : offset + 4], "little")
-        offset += 4
-        if offset + length > end:
-            raise invalid_arg(
-                f"incomplete string data for inference input '{name}', expecting string of "
-                f"length {length} but only {end - offset} bytes available"
-            )
-        items.append(bytes(chunk[offset : offset + length]))
-        offset += length
-    array = np.empty(len(items), dtype=object)
-    array[:] = items
-    return array
 
 
 def _flatten(data: Any) -> list[Any]:
@@ -377,13 +342,6 @@ def array_to_json(array: np.ndarray, datatype: str) -> Any:
     return flat.tolist()
 
 
-def _binary_bytes(array: np.ndarray, datatype: str) -> bytes | memoryview:
-    if datatype == "BYTES":
-        return datatypes.serialize_bytes(array)
-    # a uint8 view works for every dtype, bfloat16 included (memoryview cannot format it)
-    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
-
-
 def encode_infer_response(
     response: InferResponse, binary_by_default: bool
 ) -> tuple[bytes, int | None]:
@@ -407,7 +365,7 @@ def encode_infer_response(
                 if "binary_data" in wanted.parameters:
                     binary = bool(wanted.parameters["binary_data"])
         if binary:
-            chunk = _binary_bytes(tensor.data, tensor.datatype)
+            chunk = array_to_bytes(tensor.data, tensor.datatype)
             entry["parameters"] = {"binary_data_size": len(chunk)}
             chunks.append(chunk)
         else:
