@@ -47,6 +47,7 @@ ALL_MODELS = ["simple", "simple_dyna", "text_classifier_onnx", "resnet50_onnx"]
 FRAMEWORK_MODELS = [
     "simple_pytorch",
     "resnet_small_pytorch",
+    "resnet50_pytorch",
     "simple_openvino",
     "resnet50_openvino",
 ]
@@ -57,6 +58,7 @@ TARGET_MODELS = (
     "resnet50_onnx",
     "text_classifier_onnx",
     "resnet_small_pytorch",
+    "resnet50_pytorch",
     "resnet50_openvino",
 )
 # Same ONNX file: the in-process limit and the naive server are measured once, for `simple`.
@@ -69,7 +71,7 @@ GRPC_LEVELS = {"simple": 16, "resnet50_onnx": 32}
 def plan(model: str, quick: bool) -> dict[str, Any]:
     """Batch sizes, concurrency levels and window lengths per model (full / --quick)."""
     small = model in ("simple", "simple_dyna", "simple_pytorch", "simple_openvino")
-    resnet = model in ("resnet50_onnx", "resnet50_openvino")
+    resnet = model in ("resnet50_onnx", "resnet50_pytorch", "resnet50_openvino")
     framework = model in FRAMEWORK_MODELS and not small
     if quick:
         return {

@@ -64,6 +64,7 @@ class OptionalExampleModel:
     framework: str  # the import that must work ("torch", "openvino")
     extra: str  # the pip extra that installs it
     write: Callable[[pathlib.Path], None]  # writes the version folder's model file(s)
+    in_default: bool = True  # served by the default repository when its framework imports
 
 
 _OPTIONAL: tuple[OptionalExampleModel, ...] = (
@@ -80,6 +81,14 @@ _OPTIONAL: tuple[OptionalExampleModel, ...] = (
         "torch",
         "pytorch",
         torch_models.write_resnet,
+    ),
+    OptionalExampleModel(
+        torch_models.RESNET50_NAME,
+        torch_models.RESNET50_CONFIG,
+        "torch",
+        "pytorch",
+        torch_models.write_resnet50,
+        in_default=False,
     ),
     OptionalExampleModel(
         openvino_models.SIMPLE_NAME,
@@ -111,8 +120,8 @@ def framework_available(framework: str) -> bool:
 
 
 def available_optional_models() -> tuple[str, ...]:
-    """The optional models whose framework is installed."""
-    return tuple(m.name for m in _OPTIONAL if framework_available(m.framework))
+    """The optional models of the default repository whose framework is installed."""
+    return tuple(m.name for m in _OPTIONAL if m.in_default and framework_available(m.framework))
 
 
 def default_models() -> tuple[str, ...]:

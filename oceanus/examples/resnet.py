@@ -54,8 +54,8 @@ instance_group [
 """
 
 # (bottleneck width, number of blocks, stride of the stage's first block); output = width * 4.
-_STAGES = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))
-_EXPANSION = 4
+STAGES = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))
+EXPANSION = 4
 # A trained net keeps activations bounded through its BN gammas; with random weights the
 # residual sums would double the variance every block (2^16 over 16 blocks), so the branch
 # that joins a residual sum is scaled down, like the small last-BN gamma of common inits.
@@ -80,7 +80,7 @@ def _conv(
 
 
 def _bottleneck(b: GraphBuilder, x: str, cin: int, width: int, stride: int) -> str:
-    cout = width * _EXPANSION
+    cout = width * EXPANSION
     y = b.op("Relu", [_conv(b, x, cin, width, 1, 1)])
     # v1.5 (torchvision) puts the stride on the 3x3 conv rather than the first 1x1.
     y = b.op("Relu", [_conv(b, y, width, width, 3, stride)])
@@ -96,10 +96,10 @@ def build() -> onnx.ModelProto:
     x = b.op("Relu", [_conv(b, "input", 3, 64, 7, 2)])
     x = b.op("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
     cin = 64
-    for width, blocks, stride in _STAGES:
+    for width, blocks, stride in STAGES:
         for i in range(blocks):
             x = _bottleneck(b, x, cin, width, stride if i == 0 else 1)
-            cin = width * _EXPANSION
+            cin = width * EXPANSION
     x = b.op("Flatten", [b.op("GlobalAveragePool", [x])], axis=1)
     fc_w = b.normal((1000, cin), 1.0 / math.sqrt(cin), "fc_w")
     fc_b = b.const(np.zeros(1000, dtype=np.float32), "fc_b")

@@ -22,8 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from . import resnet
+
 SIMPLE_NAME = "simple_pytorch"
 RESNET_NAME = "resnet_small_pytorch"
+RESNET50_NAME = "resnet50_pytorch"
 SEED = 18
 
 SIMPLE_CONFIG = """\
@@ -92,6 +95,18 @@ instance_group [
   }
 ]
 """
+
+# resnet50_onnx's network and weights in TorchScript (build_resnet50): not in the default repository
+# (a 100 MB file and two more ResNet-50 instances to load at every start); the benchmark and
+# `python -m oceanus.examples DIR --models resnet50_pytorch` name it.
+# Batches of at most 8: with one intra-op thread per instance, TorchScript's ResNet-50 costs more
+# per image the larger the batch (single thread, in-process: 7.4 images/s at batch 1, 6.8 at 8,
+# 5.0 at 32), so bigger batches would only slow it down.
+RESNET50_CONFIG = (
+    RESNET_CONFIG.replace(RESNET_NAME, RESNET50_NAME)
+    .replace("max_batch_size: 32", "max_batch_size: 8")
+    .replace("preferred_batch_size: [ 8, 16, 32 ]", "preferred_batch_size: [ 8 ]")
+)
 
 # (width, stride of the stage's first block); two basic blocks per stage as in ResNet-18.
 _STAGES = ((16, 1), (32, 2), (64, 2), (128, 2))
@@ -171,6 +186,70 @@ def build_resnet() -> Any:
     return torch.jit.script(ResNetSmall().eval())
 
 
+def build_resnet50() -> Any:
+    """``resnet50_onnx``'s network and weights as TorchScript: each ONNX Conv (BN folded, with a
+    bias), MaxPool and the final Gemm become the torch layer with the same tensors, built in the
+    order ``resnet.build`` emits them, so both files compute the same function."""
+    import torch
+    from onnx import numpy_helper
+    from torch import nn
+
+    graph = resnet.build().graph
+    weights = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    convs = iter(node for node in graph.node if node.op_type == "Conv")
+    gemm = next(node for node in graph.node if node.op_type == "Gemm")
+
+    def conv() -> nn.Conv2d:
+        node = next(convs)
+        attributes = {a.name: list(a.ints) for a in node.attribute}
+        weight = torch.from_numpy(weights[node.input[1]].copy())
+        cout, cin, k, _ = weight.shape
+        stride = attributes["strides"][0]
+        layer = nn.Conv2d(cin, cout, k, stride=stride, padding=attributes["pads"][0])
+        with torch.no_grad():
+            layer.weight.copy_(weight)
+            assert layer.bias is not None
+            layer.bias.copy_(torch.from_numpy(weights[node.input[2]].copy()))
+        return layer
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin: int, width: int, stride: int) -> None:
+            super().__init__()
+            cout = width * resnet.EXPANSION
+            self.conv1, self.conv2, self.conv3 = conv(), conv(), conv()
+            self.shortcut = conv() if stride != 1 or cin != cout else nn.Identity()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.relu(self.conv2(torch.relu(self.conv1(x))))
+            return torch.relu(self.conv3(y) + self.shortcut(x))
+
+    class ResNet50(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = conv()
+            self.pool = nn.MaxPool2d(3, stride=2, padding=1)
+            blocks = []
+            cin = 64
+            for width, count, stride in resnet.STAGES:
+                for i in range(count):
+                    blocks.append(Bottleneck(cin, width, stride if i == 0 else 1))
+                    cin = width * resnet.EXPANSION
+            self.blocks = nn.Sequential(*blocks)
+            self.fc = nn.Linear(cin, 1000)
+            with torch.no_grad():
+                self.fc.weight.copy_(torch.from_numpy(weights[gemm.input[1]].copy()))
+                self.fc.bias.copy_(torch.from_numpy(weights[gemm.input[2]].copy()))
+
+        def forward(self, INPUT__0: torch.Tensor) -> torch.Tensor:
+            x = self.pool(torch.relu(self.stem(INPUT__0)))
+            x = self.blocks(x)
+            return self.fc(torch.flatten(torch.mean(x, dim=(2, 3)), 1))
+
+    model = ResNet50().eval()
+    assert next(convs, None) is None, "every ONNX Conv has its torch layer"
+    return torch.jit.script(model)
+
+
 def _save(build: Any, path: pathlib.Path) -> None:
     # TorchScript is deprecated in favour of torch.export (torch 2.13 warns on every script and
     # save); Triton's PyTorch backend still serves it, and so do we.
@@ -185,3 +264,7 @@ def write_simple(version_dir: pathlib.Path) -> None:
 
 def write_resnet(version_dir: pathlib.Path) -> None:
     _save(build_resnet, version_dir / "model.pt")
+
+
+def write_resnet50(version_dir: pathlib.Path) -> None:
+    _save(build_resnet50, version_dir / "model.pt")
