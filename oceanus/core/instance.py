@@ -130,7 +130,10 @@ class InstanceWorker:
         self._executions += 1
         if self._executions > 1:  # the first run warms the framework up: not representative
             mean = self.mean_ns
-            self.mean_ns = took if mean == float("inf") else 0.8 * mean + 0.2 * took
+            # A run counts at most twice the mean: one preempted run (frequent on shared cores)
+            # must not send the next batches to the thread, while a model that really got
+            # slower still raises the mean by 20 % per batch.
+            self.mean_ns = took if mean == float("inf") else 0.8 * mean + 0.2 * min(took, 2 * mean)
         return result
 
     def _execute(self, batch: list[Job]) -> BatchResult:

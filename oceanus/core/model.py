@@ -78,6 +78,7 @@ class ModelVersion:
         """Attach loaded instances; runs on the event loop."""
         scheduler = SequenceScheduler if self.config.HasField("sequence_batching") else Scheduler
         self.scheduler = scheduler(self.config, workers, self.stats, self._complete)
+        self._loop = asyncio.get_running_loop()
         self._workers = workers
         self.state = ModelState.READY
 
@@ -109,7 +110,7 @@ class ModelVersion:
         inputs, rows = validate_request(
             request, self.name, self.config.max_batch_size, self.inputs, self.outputs
         )
-        future: asyncio.Future[InferResponse] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[InferResponse] = self._loop.create_future()
         self.scheduler.enqueue(
             Job(request=request, inputs=inputs, rows=rows, future=future, stream=stream)
         )

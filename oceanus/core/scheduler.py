@@ -108,6 +108,10 @@ class Scheduler:
             int(os.environ.get(DELAY_SCHEDULER_ENV, "0") or 0) if self._dynamic else 0
         )
         self._closed = False
+        # Without dynamic batching nothing can join a request's batch: a cheap model's lone
+        # request executes inside enqueue (see there) instead of a loop iteration later.
+        self._in_place_allowed = not self._dynamic
+        self._loop = asyncio.get_running_loop()
         for worker in workers:
             worker.start(self._on_batch_done)
 
@@ -144,8 +148,18 @@ class Scheduler:
         job.deadline_ns = job.enqueued_ns + timeout_us * 1000 if timeout_us else 0
         job.seq = self._next_seq
         self._next_seq += 1
-        self._queues[level].append(job)
         self._queued += 1
+        if (
+            self._in_place_allowed
+            and self._queued == 1
+            and self._idle
+            and self._idle[-1].runs_inline
+        ):
+            # Nothing can join its batch and nothing waits before it: a cheap model executes
+            # it now, inside this call, instead of a loop iteration later.
+            self._launch(self._idle.pop(), [job], in_place=True)
+            return
+        self._queues[level].append(job)
         if log.isEnabledFor(logging.DEBUG):  # --log-verbose 1: each request's path
             log.debug(
                 "request '%s' for '%s' queued at priority %d (%d queued)",
@@ -189,8 +203,9 @@ class Scheduler:
                 return
             self._launch(self._idle.pop(), batch)
 
-    def _launch(self, worker: InstanceWorker, batch: list[Job]) -> None:
-        """Send a formed batch (its jobs already counted out of the queue) to an idle worker."""
+    def _launch(self, worker: InstanceWorker, batch: list[Job], in_place: bool = False) -> None:
+        """Send a formed batch (its jobs already out of the queue, still counted in it) to an
+        idle worker; `in_place`: a cheap model's lone request executes in this call."""
         now = time.monotonic_ns()
         for job in batch:
             job.started_ns = now
@@ -204,8 +219,12 @@ class Scheduler:
                 self._name,
                 worker.spec.name,
             )
-        if worker.runs_inline:
-            asyncio.get_running_loop().call_soon(self._execute_inline, worker, batch)
+        if in_place:
+            # What this execution's completion dispatches goes through the loop (call_soon
+            # below), so a queue never drains in one call without serving I/O between batches.
+            self._execute_inline(worker, batch)
+        elif worker.runs_inline:
+            self._loop.call_soon(self._execute_inline, worker, batch)
         else:
             worker.submit(batch)
 
@@ -299,9 +318,8 @@ class Scheduler:
             return
         if self._timer is not None:
             self._timer.cancel()
-        loop = asyncio.get_running_loop()
         self._timer_at_ns = at_ns
-        self._timer = loop.call_at(at_ns / 1e9, self._on_timer)
+        self._timer = self._loop.call_at(at_ns / 1e9, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None

@@ -128,6 +128,8 @@ def _names(names: object) -> str:
 
 
 def _dims_match(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
+    if shape == dims:
+        return True
     if len(shape) != len(dims):
         return False
     return all(d == -1 or s == d for s, d in zip(shape, dims, strict=True))

@@ -131,6 +131,9 @@ def _parameters(parameters: Any) -> dict[str, Any]:
     return parameters
 
 
+_SHM_KEYS = frozenset(("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size"))
+
+
 def _shm_parameters(parameters: dict[str, Any]) -> tuple[str | None, int, int]:
     """(region or None, offset, byte size) from a tensor's shared memory parameters."""
     region = parameters.get("shared_memory_region")
@@ -179,7 +182,7 @@ def _decode_output(
     parameters = item.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise invalid_arg("failed to get request params.: attempt to get members for non-object")
-    if not parameters:
+    if not parameters or _SHM_KEYS.isdisjoint(parameters):
         return RequestedOutput(name, parameters)
     if "shared_memory_region" in parameters:
         _check_shm_output(parameters)
@@ -210,11 +213,12 @@ def _decode_input(
     shape_value = _member(item, "shape")
     if not isinstance(shape_value, list):
         raise invalid_arg("Unable to parse 'shape': attempt to access JSON non-array as array")
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape_value):
-        raise invalid_arg(
-            "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as "
-            "unsigned-integer"
-        )
+    for dim in shape_value:  # JSON integers are exactly int (a bool is not one here)
+        if type(dim) is not int or dim < 0:
+            raise invalid_arg(
+                "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as "
+                "unsigned-integer"
+            )
     datatype_name = _member(item, "datatype")
     if not isinstance(datatype_name, str):
         raise invalid_arg("Unable to parse 'datatype': attempt to access JSON non-string as string")

@@ -208,6 +208,9 @@ class HttpProtocol(asyncio.Protocol):
             self._current = Pending(task, _no_finish)  # closing the connection cancels it
             return
         self._current = outcome
+        if outcome.future.done():  # answered already (a cheap model executed in place)
+            self._finish(outcome, outcome.future, keep_alive)
+            return
         outcome.future.add_done_callback(lambda future: self._finish(outcome, future, keep_alive))
 
     def _finish(self, pending: Pending, future: asyncio.Future[Any], keep_alive: bool) -> None:
