@@ -168,6 +168,7 @@ def run_level(
     max_trials: int = 3,
     input_data: Path | None = None,
     timeout: float | None = None,
+    extra: list[str] | None = None,
 ) -> dict[str, Any]:
     """One perf_analyzer run at one concurrency.
 
@@ -191,6 +192,7 @@ def run_level(
                 max_trials=trials,
                 input_data=input_data,
                 csv_path=csv_path,
+                extra=extra,
             )
             limit = timeout or (trials * window_ms / 1000 * 4 + 60)
             started = time.perf_counter()

@@ -63,9 +63,14 @@ TARGET_MODELS = (
 )
 # Same ONNX file: the in-process limit and the naive server are measured once, for `simple`.
 SAME_FILE = {"simple_dyna": "simple"}
-PHASES = ("inproc", "oceanus", "naive", "grpc", "latency", "startup")
+PHASES = ("inproc", "oceanus", "naive", "grpc", "shm", "latency", "startup")
 # The gRPC points (model -> concurrency): issue 4's targets.
 GRPC_LEVELS = {"simple": 16, "resnet50_onnx": 32}
+# HTTP with perf_analyzer's inputs and outputs in system shared memory (no tensor bytes on the
+# socket): the point where moving 602 KB per request costs as much CPU as the model's compute.
+SHM_LEVELS = {"resnet_small_pytorch": 32}
+SHM_ARGS = ["--shared-memory=system", "--output-shared-memory-size=65536"]
+HTTP_SHM = "http+shm"  # the rows' `protocol`
 
 
 def plan(model: str, quick: bool) -> dict[str, Any]:
@@ -127,13 +132,14 @@ def oceanus_levels(
     expected_per_s: float | None = None,
     window_cap_ms: int = 12000,
 ) -> list[dict[str, Any]]:
+    """`protocol`: "http", "grpc", or HTTP_SHM (HTTP, tensors in system shared memory)."""
     rows = []
     input_file = benchlib.perf_analyzer_input_file(model, work_dir / f"{model.name}-pa-data.json")
     url_bodies = None
     for level in levels:
         before = benchlib.model_stats(server.http_url, model.name)
         if pa is not None:
-            url = server.http_url if protocol == "http" else server.grpc_url
+            url = server.grpc_url if protocol == "grpc" else server.http_url
             assert url is not None
             row = perf.run_level(
                 pa[0],
@@ -141,10 +147,11 @@ def oceanus_levels(
                 model.name,
                 url,
                 level,
-                protocol=protocol,
+                protocol="grpc" if protocol == "grpc" else "http",
                 window_ms=window_for(level, window_ms, window_cap_ms, expected_per_s),
                 stability=stability,
                 input_data=input_file,
+                extra=SHM_ARGS if protocol == HTTP_SHM else None,
             )
             row["loadgen"] = "perf_analyzer"
         else:
@@ -257,6 +264,11 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         ("model", "concurrency"),
         ("throughput", "p50_ms", "p95_ms", "p99_ms", "mean_batch"),
     )
+    shm_m = _median_rows(
+        [r for r in results["oceanus"] if r.get("protocol") == HTTP_SHM],
+        ("model", "concurrency"),
+        ("throughput", "p50_ms", "p95_ms", "p99_ms", "mean_batch"),
+    )
     naive_m = _median_rows(
         results["naive"], ("model", "concurrency"), ("throughput", "p50_ms", "p95_ms", "p99_ms")
     )
@@ -312,6 +324,17 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             {"model": m, "concurrency": c, **v} for (m, c), v in sorted(grpc_m.items())
         ],
         "naive": [{"model": m, "concurrency": c, **v} for (m, c), v in sorted(naive_m.items())],
+        "oceanus_http_shm": [
+            {
+                "model": m,
+                "concurrency": c,
+                **v,
+                "vs_limit": v["throughput"] / limits[m]["limit"]["samples_per_s"]
+                if v["throughput"] and m in limits
+                else None,
+            }
+            for (m, c), v in sorted(shm_m.items())
+        ],
     }
     summary["targets"] = targets(rows, results.get("latency", {}), summary["oceanus_grpc"])
     return summary
@@ -512,6 +535,20 @@ def print_report(results: dict[str, Any], summary: dict[str, Any]) -> None:
             for r in summary["oceanus_grpc"]
         ]
         print(benchlib.table(["model", "conc", "infer/s", "p50 ms", "p99 ms", "batch"], rows))
+    if summary.get("oceanus_http_shm"):
+        print("\n== Oceanus, HTTP, tensors in system shared memory (perf_analyzer --shared-memory)")
+        rows = [
+            [
+                r["model"],
+                r["concurrency"],
+                fmt(r["throughput"]),
+                fmt(r["p50_ms"], 2),
+                fmt(r["mean_batch"], 2),
+                fmt(r["vs_limit"], 2),
+            ]
+            for r in summary["oceanus_http_shm"]
+        ]
+        print(benchlib.table(["model", "conc", "infer/s", "p50 ms", "batch", "x limit"], rows))
     if summary["naive"]:
         print("\n== Naive FastAPI /predict (JSON, one at a time), bench/loadgen.py")
         rows = [
@@ -746,6 +783,24 @@ def main() -> int:
                             work_dir,
                             log,
                             protocol="grpc",
+                            stability=args.stability,
+                        ):
+                            results["oceanus"].append(dict(row, repeat=rep))
+                    if (
+                        server is not None
+                        and "shm" not in skip
+                        and pa is not None
+                        and name in SHM_LEVELS
+                    ):
+                        for row in oceanus_levels(
+                            server,
+                            model,
+                            [SHM_LEVELS[name]],
+                            p["pa_window_ms"],
+                            pa,
+                            work_dir,
+                            log,
+                            protocol=HTTP_SHM,
                             stability=args.stability,
                         ):
                             results["oceanus"].append(dict(row, repeat=rep))
