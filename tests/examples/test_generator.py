@@ -74,7 +74,7 @@ input [ { name: "input_ids" data_type: TYPE_INT64 dims: [ 128 ] },
         { name: "attention_mask" data_type: TYPE_INT64 dims: [ 128 ] } ]
 output [ { name: "probabilities" data_type: TYPE_FP32 dims: [ 2 ] } ]
 dynamic_batching { preferred_batch_size: [ 4, 8, 16, 32 ] max_queue_delay_microseconds: 2000 }
-instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]
+instance_group [ { count: 2 kind: KIND_GPU gpus: [ 0 ] } ]
 """
 
 
