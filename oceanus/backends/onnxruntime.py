@@ -299,10 +299,18 @@ class OnnxRuntimeInstance(BackendInstance):
         self._uses_ortvalues = "tensor(bfloat16)" in (
             set(self._input_types.values()) | set(output_types.values())
         )
+        # Only string tensors need converting on the way in and out (see _to_ort, _from_ort).
+        self._converts = "tensor(string)" in (
+            set(self._input_types.values()) | set(output_types.values())
+        )
 
     def execute(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._uses_ortvalues:
             return self._execute_ortvalues(inputs)
+        if not self._converts:
+            return dict(
+                zip(self._output_names, self._session.run(self._output_names, inputs), strict=True)
+            )
         feed = {name: self._to_ort(name, array) for name, array in inputs.items()}
         results = self._session.run(self._output_names, feed)
         return {
