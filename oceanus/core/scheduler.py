@@ -157,6 +157,12 @@ class Scheduler:
         ):
             # Nothing can join its batch and nothing waits before it: a cheap model executes
             # it now, inside this call, instead of a loop iteration later.
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "request '%s' for '%s' executes in place",
+                    job.request.id or "<id_unknown>",
+                    self._name,
+                )
             self._launch(self._idle.pop(), [job], in_place=True)
             return
         self._queues[level].append(job)
