@@ -1,4 +1,5 @@
-"""TorchScript examples for the PyTorch backend: ``simple_pytorch`` and ``resnet_small_pytorch``.
+"""TorchScript examples for the PyTorch backend: ``simple_pytorch``, ``resnet_small_pytorch`` and
+``resnet50_pytorch`` (resnet50_onnx's network and weights; not in the default repository).
 
 Needs PyTorch (``pip install oceanus[pytorch]``); the generator lists these models only where it
 imports. Weights come from numpy's seeded generator, so a PyTorch release writes the same file
