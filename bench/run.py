@@ -469,6 +469,24 @@ def targets(
     return out
 
 
+def _print_rows(
+    title: str, rows: list[dict[str, Any]], columns: list[tuple[str, str, int]]
+) -> None:
+    """A titled table of per-(model, concurrency) rows; columns: (header, key, digits)."""
+    if not rows:
+        return
+    print(f"\n== {title}")
+    cells = [
+        [
+            r["model"],
+            r["concurrency"],
+            *(benchlib.fmt_num(r[key], digits) for _, key, digits in columns),
+        ]
+        for r in rows
+    ]
+    print(benchlib.table(["model", "conc", *(header for header, _, _ in columns)], cells))
+
+
 def print_report(results: dict[str, Any], summary: dict[str, Any]) -> None:
     fmt = benchlib.fmt_num
     print("\n== In-process, each model's framework (samples/s; median over repeats)")
@@ -521,48 +539,36 @@ def print_report(results: dict[str, Any], summary: dict[str, Any]) -> None:
             rows,
         )
     )
-    if summary["oceanus_grpc"]:
-        print("\n== Oceanus, gRPC (perf_analyzer -i grpc)")
-        rows = [
-            [
-                r["model"],
-                r["concurrency"],
-                fmt(r["throughput"]),
-                fmt(r["p50_ms"], 2),
-                fmt(r["p99_ms"]),
-                fmt(r["mean_batch"], 2),
-            ]
-            for r in summary["oceanus_grpc"]
-        ]
-        print(benchlib.table(["model", "conc", "infer/s", "p50 ms", "p99 ms", "batch"], rows))
-    if summary.get("oceanus_http_shm"):
-        print("\n== Oceanus, HTTP, tensors in system shared memory (perf_analyzer --shared-memory)")
-        rows = [
-            [
-                r["model"],
-                r["concurrency"],
-                fmt(r["throughput"]),
-                fmt(r["p50_ms"], 2),
-                fmt(r["mean_batch"], 2),
-                fmt(r["vs_limit"], 2),
-            ]
-            for r in summary["oceanus_http_shm"]
-        ]
-        print(benchlib.table(["model", "conc", "infer/s", "p50 ms", "batch", "x limit"], rows))
-    if summary["naive"]:
-        print("\n== Naive FastAPI /predict (JSON, one at a time), bench/loadgen.py")
-        rows = [
-            [
-                r["model"],
-                r["concurrency"],
-                fmt(r["throughput"]),
-                fmt(r["p50_ms"], 2),
-                fmt(r["p95_ms"]),
-                fmt(r["p99_ms"]),
-            ]
-            for r in summary["naive"]
-        ]
-        print(benchlib.table(["model", "conc", "req/s", "p50 ms", "p95 ms", "p99 ms"], rows))
+    _print_rows(
+        "Oceanus, gRPC (perf_analyzer -i grpc)",
+        summary["oceanus_grpc"],
+        [
+            ("infer/s", "throughput", 1),
+            ("p50 ms", "p50_ms", 2),
+            ("p99 ms", "p99_ms", 1),
+            ("batch", "mean_batch", 2),
+        ],
+    )
+    _print_rows(
+        "Oceanus, HTTP, tensors in system shared memory (perf_analyzer --shared-memory)",
+        summary.get("oceanus_http_shm", []),
+        [
+            ("infer/s", "throughput", 1),
+            ("p50 ms", "p50_ms", 2),
+            ("batch", "mean_batch", 2),
+            ("x limit", "vs_limit", 2),
+        ],
+    )
+    _print_rows(
+        "Naive FastAPI /predict (JSON, one at a time), bench/loadgen.py",
+        summary["naive"],
+        [
+            ("req/s", "throughput", 1),
+            ("p50 ms", "p50_ms", 2),
+            ("p95 ms", "p95_ms", 1),
+            ("p99 ms", "p99_ms", 1),
+        ],
+    )
     lat = results.get("latency", {})
     if lat.get("start_to_ready"):
         s = lat["start_to_ready"]

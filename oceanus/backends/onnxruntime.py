@@ -295,14 +295,11 @@ class OnnxRuntimeInstance(BackendInstance):
         self._output_names = [o.name for o in session.get_outputs()]
         self._input_types = {i.name: i.type for i in session.get_inputs()}
         output_types = {o.name: o.type for o in session.get_outputs()}
+        types = set(self._input_types.values()) | set(output_types.values())
         # BF16 has no numpy type inside ORT's Python binding: those go through OrtValues.
-        self._uses_ortvalues = "tensor(bfloat16)" in (
-            set(self._input_types.values()) | set(output_types.values())
-        )
+        self._uses_ortvalues = "tensor(bfloat16)" in types
         # Only string tensors need converting on the way in and out (see _to_ort, _from_ort).
-        self._converts = "tensor(string)" in (
-            set(self._input_types.values()) | set(output_types.values())
-        )
+        self._converts = "tensor(string)" in types
 
     def execute(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._uses_ortvalues:
