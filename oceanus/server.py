@@ -147,7 +147,9 @@ class Server:
         frontend = HttpFrontend(
             core, settings.http_max_input_size, settings.log, settings.http_restricted_apis
         )
-        self._http = HttpServer(frontend.handle, settings.http_max_input_size)
+        self._http = HttpServer(
+            frontend.handle, settings.http_max_input_size, settings.http_busy_poll_us
+        )
         try:
             await self._http.start(settings.http_address, settings.http_port)
         except OSError as exc:

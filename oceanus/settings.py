@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from oceanus.core.tracing import TraceConfig
+from oceanus.frontends.busy_poll import DEFAULT_BUDGET_US
 from oceanus.logs import LogSettings
 
 
@@ -30,6 +31,8 @@ class Settings:
     strict_readiness: bool = True
     exit_timeout_secs: int = 30
     http_max_input_size: int = 64 * 1024 * 1024
+    # After an HTTP response, poll this long for the next request before sleeping (0: never).
+    http_busy_poll_us: int = DEFAULT_BUDGET_US
     model_control_mode: str = "none"
     load_models: list[str] = field(default_factory=list)
     repository_poll_secs: int = 15

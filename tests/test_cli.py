@@ -12,6 +12,8 @@ from typing import Any
 import orjson
 import pytest
 
+from oceanus.cli import parse_args
+
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -54,6 +56,14 @@ def test_help_lists_triton_flag_names() -> None:
         "--http-max-input-size",
     ):
         assert flag in result.stdout
+
+
+def test_busy_poll_budget_flag() -> None:
+    assert parse_args([])[0].http_busy_poll_us == 200
+    assert parse_args(["--http-busy-poll-us=0"])[0].http_busy_poll_us == 0
+    result = run_cli("--http-busy-poll-us=-5")
+    assert result.returncode == 2
+    assert "--http-busy-poll-us" in result.stderr
 
 
 def test_missing_repository_folder_fails() -> None:

@@ -66,6 +66,14 @@ INLINE_LIMIT_NS = 100_000
 BatchDone = Callable[["InstanceWorker", list[Job], BatchResult], None]
 
 
+class ThreadBatches:
+    """How many batches execute on instance threads right now, process-wide. Changed on the
+    event loop only; busy polling (frontends/busy_poll.py) reads it so as not to take a CPU
+    from a computing model."""
+
+    executing = 0
+
+
 class InstanceWorker:
     """A backend instance and the thread that executes batches on it."""
 
@@ -97,6 +105,7 @@ class InstanceWorker:
         self._thread.start()
 
     def submit(self, batch: list[Job]) -> None:
+        ThreadBatches.executing += 1
         self._batches.put(batch)
 
     def stop(self, wait: bool = True) -> None:
@@ -111,11 +120,15 @@ class InstanceWorker:
             if batch is None:
                 return
             result = self.execute_now(batch)
-            assert self._on_done is not None
             try:
-                self._loop.call_soon_threadsafe(self._on_done, self, batch, result)
+                self._loop.call_soon_threadsafe(self._executed, batch, result)
             except RuntimeError:  # loop closed during shutdown
                 return
+
+    def _executed(self, batch: list[Job], result: BatchResult) -> None:
+        ThreadBatches.executing -= 1
+        assert self._on_done is not None
+        self._on_done(self, batch, result)
 
     @property
     def runs_inline(self) -> bool:

@@ -22,6 +22,8 @@ from typing import Any
 
 import httptools
 
+from oceanus.frontends.busy_poll import BusyPoll, usable_cpus
+
 log = logging.getLogger("oceanus.http")
 
 Headers = list[tuple[bytes, bytes]]
@@ -94,8 +96,15 @@ def encode_response(response: HttpResponse, keep_alive: bool, chunked: bool = Fa
 class HttpProtocol(asyncio.Protocol):
     """One client connection. Requests on it are answered in order (HTTP/1.1 pipelining)."""
 
-    def __init__(self, handler: Handler, max_body: int, connections: set[HttpProtocol]) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        max_body: int,
+        connections: set[HttpProtocol],
+        busy_poll: BusyPoll | None = None,
+    ) -> None:
         self._handler = handler
+        self._busy_poll = busy_poll
         self._max_body = max_body
         self._connections = connections
         self._parser = httptools.HttpRequestParser(self)
@@ -144,6 +153,8 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._begin_ns = time.monotonic_ns()
+        if self._busy_poll is not None:
+            self._busy_poll.request_began(self._begin_ns)
         self._url = b""
         self._headers = {}
         self._body = []
@@ -234,6 +245,8 @@ class HttpProtocol(asyncio.Protocol):
             started = time.monotonic_ns()
             transport.write(encode_response(response, keep_alive))
             response.on_sent(started, time.monotonic_ns())
+        if self._busy_poll is not None:
+            self._busy_poll.response_sent()
         self._next(keep_alive)
 
     def _next(self, keep_alive: bool) -> None:
@@ -284,23 +297,36 @@ def _no_finish(future: asyncio.Future[Any]) -> HttpResponse:
 
 
 class HttpServer:
-    """Listens, tracks connections, and on shutdown waits for in-flight requests."""
+    """Listens, tracks connections, and on shutdown waits for in-flight requests.
 
-    def __init__(self, handler: Handler, max_body: int) -> None:
+    `busy_poll_us`: after a response, how long the loop may poll for the next request instead of
+    sleeping (busy_poll.py); 0 turns it off, and so does having a single CPU."""
+
+    def __init__(self, handler: Handler, max_body: int, busy_poll_us: int = 0) -> None:
         self._handler = handler
         self._max_body = max_body
+        self._busy_poll_us = busy_poll_us
+        self.busy_poll: BusyPoll | None = None
         self._connections: set[HttpProtocol] = set()
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
+        if self._busy_poll_us and usable_cpus() > 1:
+            self.busy_poll = BusyPoll(self._busy_poll_us, loop)
         self._server = await loop.create_server(
-            lambda: HttpProtocol(self._handler, self._max_body, self._connections),
+            lambda: HttpProtocol(self._handler, self._max_body, self._connections, self.busy_poll),
             host=host,
             port=port,
             reuse_address=True,
             backlog=2048,
         )
+
+    @property
+    def port(self) -> int:
+        """The port listened on (the one the system chose, when started on port 0)."""
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self, timeout_s: float) -> None:
         """Stop accepting, let in-flight requests finish (up to timeout_s), close the rest."""
