@@ -58,7 +58,7 @@ def start_to_ready(runs: int, log_dir: Path, log: Any = print) -> dict[str, Any]
     }
 
 
-def _http_caller(url: str, model: benchlib.ModelInfo, feed: dict[str, np.ndarray]) -> Any:
+def http_caller(url: str, model: benchlib.ModelInfo, feed: dict[str, np.ndarray]) -> Any:
     import tritonclient.http as httpclient
 
     client = httpclient.InferenceServerClient(url, connection_timeout=300, network_timeout=300)
@@ -94,7 +94,7 @@ def _grpc_caller(url: str, model: benchlib.ModelInfo, feed: dict[str, np.ndarray
     return call, client
 
 
-def _timed(call: Any, count: int, budget_s: float = float("inf")) -> list[float]:
+def timed(call: Any, count: int, budget_s: float = float("inf")) -> list[float]:
     """Seconds per sequential call: *count* calls, fewer if they take more than *budget_s*."""
     out: list[float] = []
     began = time.perf_counter()
@@ -131,7 +131,7 @@ def single_request(
         default_session = inproc.make_sessions(model, "default")[0]
         ways["inproc_server_opts"] = lambda s=server_session, f=feed: s.run(None, f)
         ways["inproc_default"] = lambda s=default_session, f=feed: s.run(None, f)
-        call, client = _http_caller(server.http_url, model, feed)
+        call, client = http_caller(server.http_url, model, feed)
         ways["http"] = call
         # The HTTP floor: the same client asking GET /v2/health/ready (no model, no tensors).
         ways["http_ready_floor"] = lambda c=client: c.is_server_ready()
@@ -147,10 +147,10 @@ def single_request(
         samples: dict[str, list[float]] = {way: [] for way in ways}
         share = budget_s / (rounds * len(ways))
         for call in ways.values():  # warm-up
-            _timed(call, max(3, per_round // 10), share / 4)
+            timed(call, max(3, per_round // 10), share / 4)
         for _ in range(rounds):
             for way, call in ways.items():
-                samples[way].extend(_timed(call, per_round, share))
+                samples[way].extend(timed(call, per_round, share))
         for client in clients:
             client.close()
         row: dict[str, Any] = {"requests_per_way": {w: len(v) for w, v in samples.items()}}
