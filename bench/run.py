@@ -254,20 +254,13 @@ def _median_rows(
 def summarize(results: dict[str, Any]) -> dict[str, Any]:
     """Medians over repeats, limits, ratios and the issue's targets."""
     inproc_m = _median_rows(results["inproc"], ("model", "options", "batch"), ("samples_per_s",))
-    oceanus_m = _median_rows(
-        [r for r in results["oceanus"] if r.get("protocol") == "http"],
-        ("model", "concurrency"),
-        ("throughput", "p50_ms", "p95_ms", "p99_ms", "mean_batch"),
-    )
-    grpc_m = _median_rows(
-        [r for r in results["oceanus"] if r.get("protocol") == "grpc"],
-        ("model", "concurrency"),
-        ("throughput", "p50_ms", "p95_ms", "p99_ms", "mean_batch"),
-    )
-    shm_m = _median_rows(
-        [r for r in results["oceanus"] if r.get("protocol") == HTTP_SHM],
-        ("model", "concurrency"),
-        ("throughput", "p50_ms", "p95_ms", "p99_ms", "mean_batch"),
+    oceanus_m, grpc_m, shm_m = (
+        _median_rows(
+            [r for r in results["oceanus"] if r.get("protocol") == protocol],
+            ("model", "concurrency"),
+            ("throughput", "p50_ms", "p95_ms", "p99_ms", "mean_batch"),
+        )
+        for protocol in ("http", "grpc", HTTP_SHM)
     )
     naive_m = _median_rows(
         results["naive"], ("model", "concurrency"), ("throughput", "p50_ms", "p95_ms", "p99_ms")
@@ -774,39 +767,22 @@ def main() -> int:
                                 model, [best[2]], p["inproc_s"], option_sets=(best[1],), log=log
                             ):
                                 results["inproc_recheck"].append(dict(row, repeat=rep))
-                    if (
-                        server is not None
-                        and "grpc" not in skip
-                        and pa is not None
-                        and name in GRPC_LEVELS
+                    # One point each over gRPC and over HTTP with shared memory, where planned.
+                    for phase, levels, protocol in (
+                        ("grpc", GRPC_LEVELS, "grpc"),
+                        ("shm", SHM_LEVELS, HTTP_SHM),
                     ):
+                        if server is None or phase in skip or pa is None or name not in levels:
+                            continue
                         for row in oceanus_levels(
                             server,
                             model,
-                            [GRPC_LEVELS[name]],
+                            [levels[name]],
                             p["pa_window_ms"],
                             pa,
                             work_dir,
                             log,
-                            protocol="grpc",
-                            stability=args.stability,
-                        ):
-                            results["oceanus"].append(dict(row, repeat=rep))
-                    if (
-                        server is not None
-                        and "shm" not in skip
-                        and pa is not None
-                        and name in SHM_LEVELS
-                    ):
-                        for row in oceanus_levels(
-                            server,
-                            model,
-                            [SHM_LEVELS[name]],
-                            p["pa_window_ms"],
-                            pa,
-                            work_dir,
-                            log,
-                            protocol=HTTP_SHM,
+                            protocol=protocol,
                             stability=args.stability,
                         ):
                             results["oceanus"].append(dict(row, repeat=rep))

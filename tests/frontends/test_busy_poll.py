@@ -30,15 +30,19 @@ def run(test: Callable[[], Awaitable[Any]]) -> Any:
     return uvloop.run(test())
 
 
+def answer(poll: BusyPoll) -> None:
+    """One request arrives now and is answered at once."""
+    poll.request_began(time.monotonic_ns())
+    poll.response_sent()
+
+
 def test_an_idle_server_and_sparse_requests_never_poll() -> None:
     async def main() -> None:
         poll = BusyPoll(50_000, asyncio.get_running_loop())
-        poll.request_began(time.monotonic_ns())  # the first request: no response before it
-        poll.response_sent()
+        answer(poll)  # the first request: no response before it
         assert not poll.polling
         await asyncio.sleep(0.06)  # the next request comes after more than the budget
-        poll.request_began(time.monotonic_ns())
-        poll.response_sent()
+        answer(poll)
         assert not poll.polling
         assert poll.turns == 0
 
@@ -48,10 +52,8 @@ def test_an_idle_server_and_sparse_requests_never_poll() -> None:
 def test_close_requests_poll_until_the_budget_passes() -> None:
     async def main() -> None:
         poll = BusyPoll(300_000, asyncio.get_running_loop())
-        poll.request_began(time.monotonic_ns())
-        poll.response_sent()
-        poll.request_began(time.monotonic_ns())  # right after a response: worth polling
-        poll.response_sent()
+        answer(poll)
+        answer(poll)  # right after a response: worth polling
         assert poll.polling
         await asyncio.sleep(0.01)  # the loop keeps running timers while it polls
         assert poll.polling
@@ -68,13 +70,10 @@ def test_close_requests_poll_until_the_budget_passes() -> None:
 def test_each_response_extends_a_running_poll() -> None:
     async def main() -> None:
         poll = BusyPoll(1_000_000, asyncio.get_running_loop())  # 1 s
-        poll.request_began(time.monotonic_ns())
-        poll.response_sent()
-        poll.request_began(time.monotonic_ns())
-        poll.response_sent()
+        answer(poll)
+        answer(poll)
         await asyncio.sleep(0.6)
-        poll.request_began(time.monotonic_ns())
-        poll.response_sent()  # now polls until 1.6 s
+        answer(poll)  # now polls until 1.6 s
         await asyncio.sleep(0.6)
         assert poll.polling  # past the first deadline (1.0 s)
 
@@ -84,25 +83,18 @@ def test_each_response_extends_a_running_poll() -> None:
 def test_no_polling_while_a_batch_executes_on_an_instance_thread() -> None:
     async def main() -> None:
         poll = BusyPoll(1_000_000, asyncio.get_running_loop())
+        answer(poll)
         poll.request_began(time.monotonic_ns())
+        ThreadBatches.executing = 1  # as InstanceWorker.submit counts a batch
         poll.response_sent()
-        poll.request_began(time.monotonic_ns())
-        ThreadBatches.executing += 1  # as InstanceWorker.submit counts a batch
-        try:
-            poll.response_sent()
-            assert not poll.polling
-        finally:
-            ThreadBatches.executing -= 1
-        poll.request_began(time.monotonic_ns())
-        poll.response_sent()
+        assert not poll.polling
+        ThreadBatches.executing = 0
+        answer(poll)
         assert poll.polling
         await asyncio.sleep(0.01)
-        ThreadBatches.executing += 1  # a batch starts while it polls: the poll stops
-        try:
-            await asyncio.sleep(0.01)
-            assert not poll.polling
-        finally:
-            ThreadBatches.executing -= 1
+        ThreadBatches.executing = 1  # a batch starts while it polls: the poll stops
+        await asyncio.sleep(0.01)
+        assert not poll.polling
 
     run(main)
 

@@ -182,7 +182,7 @@ def _decode_output(
     parameters = item.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise invalid_arg("failed to get request params.: attempt to get members for non-object")
-    if not parameters or _SHM_KEYS.isdisjoint(parameters):
+    if _SHM_KEYS.isdisjoint(parameters):
         return RequestedOutput(name, parameters)
     if "shared_memory_region" in parameters:
         _check_shm_output(parameters)
