@@ -7,6 +7,7 @@ import logging
 import signal
 from pathlib import Path
 
+from oceanus.backends import builtin
 from oceanus.core.model import ModelState
 from oceanus.core.server import CoreOptions, ServerCore
 from oceanus.core.tracing import MODE_OPENTELEMETRY, SpanExporter
@@ -87,6 +88,7 @@ class Server:
         self.core = core = ServerCore(
             CoreOptions(
                 repositories=repositories,
+                backends=builtin.registry(),
                 autocomplete=settings.autocomplete,
                 strict_readiness=settings.strict_readiness,
                 load_threads=settings.model_load_thread_count or 1,

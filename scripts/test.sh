@@ -12,4 +12,14 @@ if [ -z "${OCEANUS_SKIP_PERF_ANALYZER:-}" ] && [ -f "$pa_setup" ] && [ ! -x "${P
   bash "$pa_setup" "${PA_VENV:-/tmp/pa-venv}" >/tmp/oceanus-pa-setup.log 2>&1 \
     || echo "perf_analyzer setup failed (see /tmp/oceanus-pa-setup.log); its tests will skip"
 fi
-exec python3 -m pytest "$@"
+# The checks the README promises, before the tests: lint, format, types, the layers' import
+# contracts (pyproject.toml [tool.importlinter]).
+started=$SECONDS
+python3 -m ruff check .
+python3 -m ruff format --check .
+python3 -m mypy oceanus bench
+lint-imports
+status=0
+python3 -m pytest "$@" || status=$?
+echo "scripts/test.sh: checks and tests took $((SECONDS - started)) s"
+exit $status

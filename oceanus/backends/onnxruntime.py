@@ -18,9 +18,9 @@ from onnx import TensorProto
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.backends._common import check_dims
-from oceanus.backends.base import Backend, BackendInstance, InstanceSpec
 from oceanus.core import datatypes
-from oceanus.core.errors import invalid_arg, unavailable
+from oceanus.core.backend import Backend, BatchInstance, InstanceSpec, LoadContext, model_file
+from oceanus.core.errors import invalid_arg
 from oceanus.core.model_config import sequence_control_types
 
 log = logging.getLogger("oceanus.backends.onnxruntime")
@@ -63,6 +63,7 @@ def _parameter(config: mc.ModelConfig, key: str) -> str | None:
 
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
+    default_model_filename = "model.onnx"
 
     def __init__(self) -> None:
         self._warned_gpu_fallback = False
@@ -72,16 +73,8 @@ class OnnxRuntimeBackend(Backend):
         return "CUDAExecutionProvider" in ort.get_available_providers()
 
     def model_path(self, config: mc.ModelConfig, version_dir: Path) -> Path:
-        path = version_dir / (config.default_model_filename or "model.onnx")
-        if path.is_dir():  # Triton also accepts a folder holding model.onnx (external data)
-            path = path / "model.onnx"
-        if not path.exists():
-            raise unavailable(
-                f"unable to find '{path}' for model '{config.name}': version folder "
-                f"'{version_dir.name}' has no model file (set default_model_filename if it is "
-                "named differently)"
-            )
-        return path
+        # Triton also accepts a folder holding model.onnx (external data).
+        return model_file(config, version_dir, "model.onnx", folder_holds="model.onnx")
 
     def complete_config(self, config: mc.ModelConfig, model_path: Path, autocomplete: bool) -> None:
         session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
@@ -177,7 +170,8 @@ class OnnxRuntimeBackend(Backend):
                 )
             check_dims(config, kind, tensor, _model_dims(model_tensor.shape))
 
-    def load(self, config: mc.ModelConfig, model_path: Path, spec: InstanceSpec) -> BackendInstance:
+    def load(self, context: LoadContext) -> BatchInstance:
+        config, model_path, spec = context.config, context.files.model_path, context.spec
         options = ort.SessionOptions()
         intra = _parameter(config, "intra_op_thread_count")
         inter = _parameter(config, "inter_op_thread_count")
@@ -289,7 +283,7 @@ def _tensorrt_options(parameters: Any, device_id: int) -> dict[str, str]:
     return options
 
 
-class OnnxRuntimeInstance(BackendInstance):
+class OnnxRuntimeInstance(BatchInstance):
     def __init__(self, session: ort.InferenceSession, config: mc.ModelConfig) -> None:
         self._session = session
         self._output_names = [o.name for o in session.get_outputs()]

@@ -43,9 +43,9 @@ from oceanus.backends._common import (
     parameter,
     total_instances,
 )
-from oceanus.backends.base import Backend, BackendInstance, InstanceSpec
 from oceanus.core import datatypes
-from oceanus.core.errors import InferenceServerError, invalid_arg, unavailable
+from oceanus.core.backend import Backend, BatchInstance, LoadContext
+from oceanus.core.errors import InferenceServerError, invalid_arg
 
 log = logging.getLogger("oceanus.backends.openvino")
 
@@ -109,6 +109,7 @@ class _Compiled:
 
 class OpenVinoBackend(Backend):
     name = "openvino"
+    default_model_filename = "model.xml"
 
     def __init__(self) -> None:
         self._core = ov.Core()
@@ -118,14 +119,6 @@ class OpenVinoBackend(Backend):
         )
         self._compiling: dict[tuple[Any, ...], threading.Lock] = {}
         self._extensions: set[str] = set()
-
-    def model_path(self, config: mc.ModelConfig, version_dir: Path) -> Path:
-        path = version_dir / (config.default_model_filename or "model.xml")
-        if not path.exists():
-            raise unavailable(
-                f"unable to find '{path}' for model '{config.name}', in {version_dir}"
-            )
-        return path
 
     def _read(self, config: mc.ModelConfig, model_path: Path) -> Any:
         self._load_extension(config)
@@ -368,7 +361,8 @@ class OpenVinoBackend(Backend):
 
     # ---- instances ----------------------------------------------------------------------------
 
-    def load(self, config: mc.ModelConfig, model_path: Path, spec: InstanceSpec) -> BackendInstance:
+    def load(self, context: LoadContext) -> BatchInstance:
+        config, model_path, spec = context.config, context.files.model_path, context.spec
         device = (parameter(config, "TARGET_DEVICE") or "CPU").strip().upper()
         instances = total_instances(config)
         properties = self._device_properties(
@@ -409,7 +403,7 @@ class OpenVinoBackend(Backend):
         return _Compiled(compiled)
 
 
-class OpenVinoInstance(BackendInstance):
+class OpenVinoInstance(BatchInstance):
     def __init__(self, config: mc.ModelConfig, shared: _Compiled) -> None:
         self._shared: _Compiled | None = shared  # keeps the compiled model alive
         compiled = shared.compiled

@@ -58,9 +58,9 @@ from oceanus.backends._common import (
     int_parameter,
     optional_bool_parameter,
 )
-from oceanus.backends.base import Backend, BackendInstance, InstanceSpec
 from oceanus.core import datatypes
-from oceanus.core.errors import invalid_arg, unavailable
+from oceanus.core.backend import Backend, BatchInstance, LoadContext, model_file
+from oceanus.core.errors import invalid_arg
 
 log = logging.getLogger("oceanus.backends.pytorch")
 
@@ -299,6 +299,7 @@ class _Signature:
 
 class PyTorchBackend(Backend):
     name = "pytorch"
+    default_model_filename = "model.pt"
 
     def __init__(self) -> None:
         self._signatures: dict[tuple[str, str], _Signature] = {}
@@ -310,12 +311,7 @@ class PyTorchBackend(Backend):
 
     def model_path(self, config: mc.ModelConfig, version_dir: Path) -> Path:
         default = "model.pt2" if config.platform == "torch_aoti" else "model.pt"
-        path = version_dir / (config.default_model_filename or default)
-        if not path.is_file():
-            raise unavailable(
-                f"unable to find '{path}' for model '{config.name}', in {version_dir}"
-            )
-        return path
+        return model_file(config, version_dir, default)
 
     # ---- config checks ------------------------------------------------------------------------
 
@@ -650,7 +646,8 @@ class PyTorchBackend(Backend):
 
     # ---- instances ----------------------------------------------------------------------------
 
-    def load(self, config: mc.ModelConfig, model_path: Path, spec: InstanceSpec) -> BackendInstance:
+    def load(self, context: LoadContext) -> BatchInstance:
+        config, model_path, spec = context.config, context.files.model_path, context.spec
         with self._lock:
             signature = self._signatures.get((config.name, str(model_path)))
         pt2 = is_pt2(config, model_path)
@@ -717,7 +714,7 @@ class PyTorchBackend(Backend):
                 )
 
 
-class PyTorchInstance(BackendInstance):
+class PyTorchInstance(BatchInstance):
     def __init__(
         self,
         config: mc.ModelConfig,

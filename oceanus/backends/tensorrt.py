@@ -23,8 +23,8 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.backends._common import check_dims
-from oceanus.backends.base import Backend, BackendInstance, InstanceSpec
 from oceanus.core import datatypes
+from oceanus.core.backend import Backend, BatchInstance, LoadContext
 from oceanus.core.errors import internal, invalid_arg, unavailable
 
 log = logging.getLogger("oceanus.backends.tensorrt")
@@ -130,6 +130,7 @@ class _Engine:
 
 class TensorRTBackend(Backend):
     name = "tensorrt"
+    default_model_filename = "model.plan"
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -137,14 +138,6 @@ class TensorRTBackend(Backend):
 
     def gpu_available(self) -> bool:
         return gpu_count() > 0
-
-    def model_path(self, config: mc.ModelConfig, version_dir: Path) -> Path:
-        path = version_dir / (config.default_model_filename or "model.plan")
-        if not path.is_file():
-            raise unavailable(
-                f"unable to find '{path}' for model '{config.name}', in {version_dir}"
-            )
-        return path
 
     def _deserialize(self, config: mc.ModelConfig, model_path: Path, device_id: int) -> _Engine:
         if gpu_count() == 0:
@@ -237,7 +230,8 @@ class TensorRTBackend(Backend):
 
     # ---- instances ----------------------------------------------------------------------------
 
-    def load(self, config: mc.ModelConfig, model_path: Path, spec: InstanceSpec) -> BackendInstance:
+    def load(self, context: LoadContext) -> BatchInstance:
+        config, model_path, spec = context.config, context.files.model_path, context.spec
         if spec.kind != "GPU":
             if gpu_count() == 0:
                 raise _no_gpu(config.name)
@@ -280,7 +274,7 @@ class _DeviceBuffer:
         self.size = 0
 
 
-class TensorRTInstance(BackendInstance):
+class TensorRTInstance(BatchInstance):
     def __init__(self, config: mc.ModelConfig, engine: _Engine, device_id: int) -> None:
         self._runtime = _cudart()
         self._device_id = device_id

@@ -32,7 +32,7 @@ STEP_CALLER = "ensemble step"
 
 
 def is_ensemble(config: mc.ModelConfig) -> bool:
-    return config.platform == ENSEMBLE_PLATFORM
+    return bool(config.platform == ENSEMBLE_PLATFORM)
 
 
 class Composer(Protocol):
@@ -40,7 +40,7 @@ class Composer(Protocol):
 
     def resolve(self, name: str, version: str = "") -> ModelVersion: ...
 
-    def infer(self, request: InferRequest, caller: str = ...) -> asyncio.Future[InferResponse]: ...
+    def infer(self, request: InferRequest, caller: str) -> asyncio.Future[InferResponse]: ...
 
 
 # ---- validation of the config alone ---------------------------------------------------------

@@ -18,7 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from oceanus.backends.base import BackendInstance, InstanceSpec
+from oceanus.core.backend import (
+    BackendInstance,
+    BatchInstance,
+    InstanceSpec,
+    RequestInstance,
+    ResponseStream,
+)
 from oceanus.core.errors import InferenceServerError, internal
 from oceanus.core.types import InferRequest
 
@@ -43,9 +49,12 @@ class Job:
     # (its execution counts as a success, as in Triton) and, for decoupled models, the stream
     # its responses go to.
     response_error: InferenceServerError | None = None
-    stream: Any = None
+    stream: ResponseStream | None = None
     # Per-request path: the parameters the model set on this request's response.
     response_parameters: dict[str, Any] | None = None
+
+    def cancelled(self) -> bool:
+        return self.future.cancelled()
 
 
 @dataclass(slots=True)
@@ -90,13 +99,22 @@ class InstanceWorker:
         self._loop = loop
         self._on_done: BatchDone | None = None
         self._batches: queue.SimpleQueue[list[Job] | None] = queue.SimpleQueue()
-        self._per_request = instance.execute_requests is not None
+        # The instance under the type it executes as (exactly one is set), checked once here
+        # rather than per batch.
+        self._request_instance = instance if isinstance(instance, RequestInstance) else None
+        self._batch_instance = instance if isinstance(instance, BatchInstance) else None
+        if self._request_instance is None and self._batch_instance is None:
+            raise TypeError(
+                f"{type(instance).__name__} is neither a BatchInstance nor a RequestInstance"
+            )
         # Mean batch execution time (EWMA, ns; unknown until the second batch: the first two run
-        # on the thread). Never inline for per-request backends (a Python model runs user code)
-        # nor on GPUs (a CUDA context is bound to the instance's thread).
+        # on the thread). Never inline for per-request backends (a Python model runs user code),
+        # for a backend that says it is not loop-safe, nor on GPUs (a CUDA context is bound to
+        # the instance's thread).
         self.mean_ns = float("inf")
         self._executions = 0
-        inline = not self._per_request and spec.kind == "CPU"
+        batch_instance = self._batch_instance
+        inline = batch_instance is not None and batch_instance.loop_safe and spec.kind == "CPU"
         self.inline_limit_ns = INLINE_LIMIT_NS if inline else 0
         self._thread = threading.Thread(target=self._run, name=spec.name, daemon=True)
 
@@ -150,13 +168,15 @@ class InstanceWorker:
         return result
 
     def _execute(self, batch: list[Job]) -> BatchResult:
-        if self._per_request:
-            return self._execute_requests(batch)
+        if self._request_instance is not None:
+            return self._execute_requests(self._request_instance, batch)
+        instance = self._batch_instance
+        assert instance is not None
         result = BatchResult(started_ns=time.monotonic_ns())
         try:
             inputs = _assemble(batch)
             assembled = time.monotonic_ns()
-            outputs = self.instance.execute(inputs)
+            outputs = instance.execute(inputs)
             executed = time.monotonic_ns()
             result.outputs = self._split(batch, outputs)
             done = time.monotonic_ns()
@@ -175,11 +195,11 @@ class InstanceWorker:
         result.output_ns = done - executed
         return result
 
-    def _execute_requests(self, batch: list[Job]) -> BatchResult:
+    def _execute_requests(self, instance: RequestInstance, batch: list[Job]) -> BatchResult:
         """The per-request path: the backend gets the requests themselves and answers each."""
         result = BatchResult(started_ns=time.monotonic_ns())
         try:
-            done = self.instance.execute_requests(batch)
+            done = instance.execute_requests(batch)
         except InferenceServerError as exc:
             result.error = exc
             return result

@@ -187,7 +187,8 @@ class ModelVersion:
     ) -> None:
         """A decoupled request's execution ended; its responses travel on its stream."""
         request = job.request
-        stream: ResponseStream = job.stream
+        stream = job.stream
+        assert isinstance(stream, ResponseStream)
         if result is None or error is not None:
             self.stats.record_failure(now - request.received_ns, _failure_reason(error))
             stream.put(None, error or unavailable("request cancelled"), True)

@@ -9,7 +9,6 @@ traffic fails no request. One lock per model name keeps loads and unloads of a m
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import shutil
 import tempfile
@@ -21,6 +20,8 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core import ensemble, repository, warmup
+from oceanus.core.backend import Backend, ServerHandle
+from oceanus.core.backend_registry import BackendRegistry
 from oceanus.core.errors import InferenceServerError, invalid_arg
 from oceanus.core.instance import InstanceWorker
 from oceanus.core.model import ModelEntry, ModelState, ModelVersion
@@ -46,10 +47,13 @@ class ModelManager:
         run_blocking: RunBlocking,
         autocomplete: bool,
         gpu_count: int,
+        backends: BackendRegistry,
         composer: ensemble.Composer | None = None,
+        server: ServerHandle | None = None,
         response_cache: bool = False,
     ) -> None:
         self.repositories = repositories
+        self.backends = backends
         self.models = models
         self._run_blocking = run_blocking
         self._autocomplete = autocomplete
@@ -57,8 +61,10 @@ class ModelManager:
         self._locks: dict[str, asyncio.Lock] = {}
         self._fingerprints: dict[str, tuple[Any, ...]] = {}
         self._override_dirs: dict[str, Path] = {}
-        # What ensembles run their steps through (the server core).
+        # What ensembles run their steps through, and what backends call back into (both the
+        # server core).
         self._composer = composer
+        self._server = server
         # Whether the server has a response cache (--cache-config): decoupled models that
         # enable it are then refused, as Triton refuses them.
         self._response_cache = response_cache
@@ -116,7 +122,12 @@ class ModelManager:
         serving = {v: mv for v, mv in entry.versions.items() if mv.ready}
         try:
             config, backend, paths = await self._run_blocking(
-                repository.prepare_config, folder, self._autocomplete, self._gpu_count, override
+                repository.prepare_config,
+                folder,
+                self._autocomplete,
+                self._gpu_count,
+                self.backends,
+                override,
             )
             if not paths:
                 raise invalid_arg(
@@ -156,14 +167,16 @@ class ModelManager:
         return entry
 
     async def _load_versions(
-        self, name: str, config: mc.ModelConfig, backend: Any, paths: dict[int, Path]
+        self, name: str, config: mc.ModelConfig, backend: Backend, paths: dict[int, Path]
     ) -> dict[int, ModelVersion]:
         loop = asyncio.get_running_loop()
         fresh = {v: ModelVersion(name, v, config, path) for v, path in paths.items()}
         results = await asyncio.gather(
             *(
                 # Creates the instances, then runs the config's warmup samples on each.
-                self._run_blocking(warmup.load_version, config, backend, v, path, self._gpu_count)
+                self._run_blocking(
+                    warmup.load_version, config, backend, v, path, self._gpu_count, self._server
+                )
                 for v, path in paths.items()
             )
         )
@@ -258,7 +271,7 @@ class ModelManager:
             if folder is None:
                 continue
             try:
-                found = repository.read_config(folder, self._autocomplete)
+                found = repository.read_config(folder, self._autocomplete, self.backends)
             except InferenceServerError:
                 continue
             configs[model] = found
@@ -369,18 +382,3 @@ def _fingerprint(folder: Path) -> tuple[Any, ...]:
             continue
         items.append((str(path.relative_to(folder)), stat.st_size, stat.st_mtime_ns))
     return tuple(items)
-
-
-def decode_files(name: str, parameters: dict[str, Any]) -> dict[str, bytes]:
-    """`file:<version>/<name>` load parameters (base64) -> relative path -> bytes."""
-    files: dict[str, bytes] = {}
-    for key, value in parameters.items():
-        if not key.startswith("file:"):
-            continue
-        try:
-            files[key[len("file:") :]] = base64.b64decode(value, validate=True)
-        except (ValueError, TypeError):
-            raise invalid_arg(
-                f"failed to load '{name}': parameter '{key}' is not valid base64"
-            ) from None
-    return files

@@ -42,7 +42,7 @@ def _is_repeated(field: FieldDescriptor) -> bool:
 
 
 def _is_map(field: FieldDescriptor) -> bool:
-    return (
+    return bool(
         field.type == _FD.TYPE_MESSAGE
         and field.message_type.has_options
         and field.message_type.GetOptions().map_entry

@@ -15,9 +15,16 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.backends import get_backend
-from oceanus.backends.base import Backend, BackendInstance, InstanceSpec
 from oceanus.core import ensemble, model_config
+from oceanus.core.backend import (
+    Backend,
+    BackendInstance,
+    InstanceSpec,
+    LoadContext,
+    ModelFiles,
+    ServerHandle,
+)
+from oceanus.core.backend_registry import BackendRegistry
 from oceanus.core.errors import InferenceServerError, invalid_arg
 
 log = logging.getLogger("oceanus.core.repository")
@@ -61,7 +68,7 @@ def select_versions(policy: mc.ModelVersionPolicy, available: Iterable[int]) -> 
     return ordered[-count:]
 
 
-def read_config(model_dir: Path, autocomplete: bool) -> mc.ModelConfig:
+def read_config(model_dir: Path, autocomplete: bool, backends: BackendRegistry) -> mc.ModelConfig:
     """The model's config as written, or a minimal one when auto-complete may fill it."""
     path = model_dir / CONFIG_FILENAME
     if path.exists():
@@ -76,32 +83,11 @@ def read_config(model_dir: Path, autocomplete: bool) -> mc.ModelConfig:
     if not config.name:
         config.name = model_dir.name
     if not config.backend and not config.platform and autocomplete:
-        _guess_platform(config, model_dir)
+        # Triton's auto-complete recognizes a model by its file name.
+        guess = backends.guess(version_folders(model_dir).values())
+        if guess is not None:
+            config.backend, config.platform = guess
     return config
-
-
-# Default model file -> backend, in the order Triton's auto-complete tries them. A PyTorch model
-# is recognized too, but its config must still list every input and output (the backend says so).
-_FILE_TO_BACKEND = (
-    ("model.onnx", "onnxruntime"),
-    ("model.plan", "tensorrt"),
-    ("model.pt", "pytorch"),
-    ("model.pt2", "pytorch"),  # platform torch_aoti
-    ("model.xml", "openvino"),
-    ("model.py", "python"),
-)
-
-
-def _guess_platform(config: mc.ModelConfig, model_dir: Path) -> None:
-    """Triton's auto-complete recognizes a model by its file name."""
-    versions = version_folders(model_dir)
-    for file_name, backend in _FILE_TO_BACKEND:
-        for version_dir in versions.values():
-            if (version_dir / file_name).exists():
-                config.backend = backend
-                if file_name == "model.pt2":
-                    config.platform = "torch_aoti"
-                return
 
 
 @dataclass
@@ -124,6 +110,7 @@ def prepare_config(
     model_dir: Path,
     autocomplete: bool,
     gpu_count: int,
+    backends: BackendRegistry,
     override: mc.ModelConfig | None = None,
 ) -> tuple[mc.ModelConfig, Backend | None, dict[int, Path]]:
     """Read (or take the override of), complete, validate and normalize a model's config
@@ -134,15 +121,17 @@ def prepare_config(
         if not config.name:
             config.name = model_dir.name
     else:
-        config = read_config(model_dir, autocomplete)
+        config = read_config(model_dir, autocomplete, backends)
     model_config.validate_name(config, model_dir.name)
+    if config.platform and not config.backend:
+        config.backend = backends.backend_for_platform(config.platform) or ""
     model_config.resolve_backend(config)
     # An ensemble has no backend and no model file: the core runs its steps (core/ensemble.py).
     backend: Backend | None = None
     if ensemble.is_ensemble(config) or config.HasField("ensemble_scheduling"):
         ensemble.validate_config(config)
     else:
-        backend = get_backend(config.backend or config.platform)
+        backend = backends.get(config.backend or config.platform)
     available = version_folders(model_dir)
     if config.HasField("version_policy"):
         policy = config.version_policy
@@ -189,15 +178,21 @@ def instance_specs(config: mc.ModelConfig, gpu_count: int, cpu_count: int) -> li
 
 
 def load_version(
-    config: mc.ModelConfig, backend: Backend, version: int, path: Path, gpu_count: int
+    config: mc.ModelConfig,
+    backend: Backend,
+    version: int,
+    path: Path,
+    gpu_count: int,
+    server: ServerHandle | None = None,
 ) -> LoadedVersion:
     """Create every instance of one version (blocking); an error is kept, not raised."""
     started = time.monotonic()
     loaded = LoadedVersion(version=version, path=path)
     try:
-        model_path = backend.model_path(config, path)
+        files = ModelFiles(path.parent, path, backend.model_path(config, path))
         for spec in instance_specs(config, gpu_count, os.cpu_count() or 1):
-            loaded.instances.append((spec, backend.load(config, model_path, spec)))
+            context = LoadContext(config, files, spec, server)
+            loaded.instances.append((spec, backend.load(context)))
     except InferenceServerError as exc:
         loaded.error = exc
     except Exception as exc:

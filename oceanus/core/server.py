@@ -17,8 +17,8 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus import __version__
-from oceanus.backends import set_server
 from oceanus.core import repository
+from oceanus.core.backend_registry import BackendRegistry
 from oceanus.core.custom_metrics import CustomMetricRegistry
 from oceanus.core.errors import (
     InferenceServerError,
@@ -44,6 +44,8 @@ DECOUPLED_UNSUPPORTED = "{caller} doesn't support models with decoupled transact
 @dataclass
 class CoreOptions:
     repositories: list[Path]
+    # The backends models may use (the server assembly registers them; the core imports none).
+    backends: BackendRegistry = field(default_factory=BackendRegistry)
     autocomplete: bool = True
     strict_readiness: bool = True
     load_threads: int = 4
@@ -82,7 +84,9 @@ class ServerCore:
             self._run_blocking,
             options.autocomplete,
             _gpu_count(),
+            options.backends,
             composer=self,
+            server=self,
             response_cache=options.response_cache_size > 0,
         )
         self.tracer = TraceManager(options.trace, options.span_exporter)
@@ -100,14 +104,21 @@ class ServerCore:
         self.live = False
         self._shutting_down = False
         self._poller: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the core runs on (backends call back into it from their threads)."""
+        if self._loop is None:
+            raise RuntimeError("the server core has not started")
+        return self._loop
 
     # ---- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Load the models the control mode asks for (several at a time, off the loop)."""
         options = self.options
-        # Backends that call back into the server (Python models' BLS requests) reach it here.
-        set_server(self, asyncio.get_running_loop())
+        self._loop = asyncio.get_running_loop()
         folders = await self._run_blocking(repository.scan, options.repositories)
         if options.control_mode == "explicit":
             wanted = list(folders) if "*" in options.startup_models else options.startup_models
@@ -220,6 +231,13 @@ class ServerCore:
         except InferenceServerError:
             return False
 
+    def model_serving(self, name: str, version: str = "") -> bool:
+        """Loaded and able to execute (without the model's own readiness check)."""
+        try:
+            return self.resolve(name, version).healthy()
+        except InferenceServerError:
+            return False
+
     def is_decoupled(self, name: str, version: str = "") -> bool:
         """Whether the model answers through infer_stream() (raises if it is unknown)."""
         return self.resolve(name, version).decoupled
@@ -235,13 +253,11 @@ class ServerCore:
 
     # ---- inference --------------------------------------------------------------------------
 
-    def infer(
-        self, request: InferRequest, caller: str = "HTTP end point"
-    ) -> asyncio.Future[InferResponse]:
+    def infer(self, request: InferRequest, caller: str) -> asyncio.Future[InferResponse]:
         """Validate and queue a request (on the loop); await the returned future.
 
-        A decoupled model is refused (UNSUPPORTED) with Triton's text naming `caller`: the gRPC
-        frontend passes caller="ModelInfer RPC"."""
+        A decoupled model is refused (UNSUPPORTED) with Triton's text naming `caller`, the
+        frontend's call ("HTTP end point", "ModelInfer RPC")."""
         if self._shutting_down:
             raise unavailable("Server is shutting down")
         model = self.resolve(request.model_name, request.model_version)

@@ -30,8 +30,15 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.backends.base import Backend, BackendInstance, InstanceSpec
 from oceanus.core import datatypes, repository
+from oceanus.core.backend import (
+    Backend,
+    BackendInstance,
+    BatchInstance,
+    InstanceSpec,
+    RequestInstance,
+    ServerHandle,
+)
 from oceanus.core.errors import InferenceServerError, invalid_arg
 from oceanus.core.model_config import sequence_control_types
 from oceanus.core.tensor_bytes import bytes_elements
@@ -61,9 +68,10 @@ class _WarmupJob:
     request: InferRequest
     inputs: dict[str, np.ndarray]
     rows: int
-    stream: Any = None
-    response_error: InferenceServerError | None = None
-    response_parameters: dict[str, Any] | None = None
+    stream: _WarmupStream | None = None
+
+    def cancelled(self) -> bool:
+        return False
 
 
 class _WarmupStream:
@@ -87,7 +95,12 @@ class _WarmupStream:
 
 
 def load_version(
-    config: mc.ModelConfig, backend: Backend, version: int, path: Path, gpu_count: int
+    config: mc.ModelConfig,
+    backend: Backend,
+    version: int,
+    path: Path,
+    gpu_count: int,
+    server: ServerHandle | None = None,
 ) -> repository.LoadedVersion:
     """`repository.load_version`, then the warmup of every instance (blocking). A warmup
     failure is kept as the version's load error and its instances are closed."""
@@ -98,7 +111,7 @@ def load_version(
             samples = build_samples(config, path.parent, path)
         except InferenceServerError as exc:
             return repository.LoadedVersion(version=version, path=path, error=exc)
-    loaded = repository.load_version(config, backend, version, path, gpu_count)
+    loaded = repository.load_version(config, backend, version, path, gpu_count, server)
     if loaded.error is not None or not samples:
         return loaded
     try:
@@ -198,7 +211,8 @@ def _input_data(
     if datatype.name == "BOOL":
         return rng.integers(0, 2, count).astype(np.bool_)
     raw = rng.bytes(count * datatype.itemsize)
-    return np.frombuffer(raw, dtype=datatype.dtype).copy()
+    random: np.ndarray = np.frombuffer(raw, dtype=datatype.dtype).copy()
+    return random
 
 
 def _file_data(
@@ -224,7 +238,8 @@ def _file_data(
             f"warmup setting expects {expected} bytes, but the data provided from {file_name}"
             f"only has {len(data)} bytes"
         )
-    return np.frombuffer(data[:expected], dtype=datatype.dtype).copy()
+    array: np.ndarray = np.frombuffer(data[:expected], dtype=datatype.dtype).copy()
+    return array
 
 
 # ---- running samples ----------------------------------------------------------------------------
@@ -257,8 +272,9 @@ def run_samples(
 
 def _run_once(config: mc.ModelConfig, sample: Sample, instance: BackendInstance) -> list[str]:
     """The error texts of one run of the sample (empty: it succeeded)."""
-    if instance.execute_requests is not None:
+    if isinstance(instance, RequestInstance):
         return _run_requests(config, sample, instance)
+    assert isinstance(instance, BatchInstance)
     batches: list[dict[str, np.ndarray]]
     if config.max_batch_size > 0:
         rows = sample.batch_size
@@ -281,7 +297,7 @@ def _run_once(config: mc.ModelConfig, sample: Sample, instance: BackendInstance)
     return errors
 
 
-def _run_requests(config: mc.ModelConfig, sample: Sample, instance: BackendInstance) -> list[str]:
+def _run_requests(config: mc.ModelConfig, sample: Sample, instance: RequestInstance) -> list[str]:
     """Per-request backends: `batch_size` requests of one row, each with its own response."""
     decoupled = bool(config.model_transaction_policy.decoupled)
     jobs = [

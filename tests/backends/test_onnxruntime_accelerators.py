@@ -18,8 +18,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 sys.path.insert(0, str(Path(__file__).parent))
 from backend_testlib import NO_METRICS, http_infer, index, write_model
 
-from oceanus.backends.base import InstanceSpec
 from oceanus.backends.onnxruntime import OnnxRuntimeBackend
+from oceanus.core.backend import InstanceSpec
 from oceanus.examples.repository import example_repository
 
 SIMPLE_IO = """

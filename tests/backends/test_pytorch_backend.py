@@ -468,21 +468,25 @@ def test_each_instance_thread_keeps_its_own_thread_count(repository: Path) -> No
     later instance does not resize an earlier one's (in-process, on the real backend)."""
     import threading
 
-    from oceanus.backends import get_backend
-    from oceanus.backends.base import InstanceSpec
+    from oceanus.backends import builtin
     from oceanus.core import model_config
+    from oceanus.core.backend import BatchInstance, InstanceSpec, LoadContext, ModelFiles
 
     folder = repository / "simple_pytorch"
     config = model_config.read_config_file(folder / "config.pbtxt")
-    backend = get_backend("pytorch")
+    backend = builtin.registry(entry_points=False).get("pytorch")
     path = backend.model_path(config, folder / "1")
     backend.complete_config(config, path, True)
     model_config.normalize(config)
     wanted = (1, 2, 1)
-    instances = [
-        backend.load(config, path, InstanceSpec(f"i_{n}", "CPU", 0, threads))
-        for n, threads in enumerate(wanted)
-    ]
+    files = ModelFiles(folder, folder / "1", path)
+    instances: list[BatchInstance] = []
+    for n, threads in enumerate(wanted):
+        instance = backend.load(
+            LoadContext(config, files, InstanceSpec(f"i_{n}", "CPU", 0, threads))
+        )
+        assert isinstance(instance, BatchInstance)
+        instances.append(instance)
     seen: dict[int, int] = {}
     ready = threading.Barrier(len(instances))
 

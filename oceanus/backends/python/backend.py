@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +40,16 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.backends import get_server
-from oceanus.backends.base import Backend, BackendInstance, InstanceSpec, RequestsResult
 from oceanus.backends.python import transport as tp
+from oceanus.core.backend import (
+    Backend,
+    LoadContext,
+    RequestInstance,
+    RequestJob,
+    RequestsResult,
+    ResponseStream,
+    ServerHandle,
+)
 from oceanus.core.custom_metrics import CustomMetricRegistry, MetricError, MetricOwner
 from oceanus.core.errors import (
     ErrorCode,
@@ -74,6 +81,8 @@ IS_READY_WAIT_S = 0.2
 IS_READY_TIMEOUT_S = 5.0
 # Custom metrics of instances loaded without a running server core (unit tests).
 _FALLBACK_METRICS = CustomMetricRegistry()
+# How a BLS request names itself when the server refuses a decoupled model.
+BLS_CALLER = "BLS"
 # Request parameters Triton turns into request fields instead of passing them on to the model.
 _RESERVED_PARAMETERS = frozenset(
     {
@@ -112,12 +121,6 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
-def _metric_registry() -> CustomMetricRegistry:
-    server, _ = get_server()
-    registry = getattr(server, "custom_metrics", None)
-    return registry if isinstance(registry, CustomMetricRegistry) else _FALLBACK_METRICS
-
-
 def _exit_text(returncode: int | None) -> str:
     if returncode is None:
         return "it stopped answering"
@@ -132,14 +135,7 @@ def _exit_text(returncode: int | None) -> str:
 
 class PythonBackend(Backend):
     name = "python"
-
-    def model_path(self, config: mc.ModelConfig, version_dir: Path) -> Path:
-        path = version_dir / (config.default_model_filename or "model.py")
-        if not path.is_file():
-            raise unavailable(
-                f"unable to find '{path}' for model '{config.name}', in {version_dir}"
-            )
-        return path
+    default_model_filename = "model.py"
 
     def complete_config(self, config: mc.ModelConfig, model_path: Path, autocomplete: bool) -> None:
         if not autocomplete:
@@ -159,8 +155,8 @@ class PythonBackend(Backend):
             ) from None
         config.CopyFrom(parsed)
 
-    def load(self, config: mc.ModelConfig, model_path: Path, spec: InstanceSpec) -> BackendInstance:
-        return PythonInstance(config, model_path, spec)
+    def load(self, context: LoadContext) -> RequestInstance:
+        return PythonInstance(context)
 
 
 def _run_autocomplete(model_path: Path, config_json: str) -> str:
@@ -193,7 +189,7 @@ class _Batch:
 
     __slots__ = ("done", "jobs", "keys", "result")
 
-    def __init__(self, jobs: list[Any], keys: list[int]) -> None:
+    def __init__(self, jobs: Sequence[RequestJob], keys: list[int]) -> None:
         self.jobs = jobs
         self.keys = keys
         self.done = False
@@ -233,10 +229,13 @@ class _Worker:
         self.check_sent = 0.0
 
 
-class PythonInstance(BackendInstance):
+class PythonInstance(RequestInstance):
     """A model instance whose model.py runs in a worker process."""
 
-    def __init__(self, config: mc.ModelConfig, model_path: Path, spec: InstanceSpec) -> None:
+    def __init__(self, context: LoadContext) -> None:
+        config, model_path, spec = context.config, context.files.model_path, context.spec
+        # The server BLS requests and pb_utils' model calls go to (None: not in a server).
+        self._server = context.server
         self.name = spec.name
         self.model_name = config.name
         self.decoupled = bool(config.model_transaction_policy.decoupled)
@@ -273,8 +272,8 @@ class PythonInstance(BackendInstance):
         self._generation = 0
         self._worker: _Worker | None = None
         self._batches: dict[int, _Batch] = {}
-        self._jobs: dict[int, Any] = {}  # key -> job, while its batch executes
-        self._streams: dict[int, Any] = {}  # key -> job stream, decoupled models
+        self._jobs: dict[int, RequestJob] = {}  # key -> job, while its batch executes
+        self._streams: dict[int, ResponseStream | None] = {}  # key -> its stream (decoupled)
         # key -> (outputs or error, parameters): a non-decoupled model's response sent through
         # its response sender, until the batch's result comes.
         self._stash: dict[
@@ -284,6 +283,9 @@ class PythonInstance(BackendInstance):
         self._batch_ids = itertools.count(1)
         self._bls_tasks: set[asyncio.Future[None]] = set()
         self._start()
+
+    def _metric_registry(self) -> CustomMetricRegistry:
+        return self._server.custom_metrics if self._server is not None else _FALLBACK_METRICS
 
     # ---- the worker's life --------------------------------------------------------------------
 
@@ -300,7 +302,7 @@ class PythonInstance(BackendInstance):
         parent, child = socket.socketpair()
         process: subprocess.Popen[bytes] | None = None
         channel = tp.Channel(parent)
-        metrics = _metric_registry().owner()
+        metrics = self._metric_registry().owner()
         try:
             process = subprocess.Popen(
                 _worker_command(child.fileno()), pass_fds=(child.fileno(),), env=_worker_env()
@@ -459,7 +461,8 @@ class PythonInstance(BackendInstance):
         for path in glob.glob(f"{worker.prefix}-*"):
             _unlink(path)
         for stream in streams.values():
-            stream.send(None, error, True)
+            if stream is not None:
+                stream.send(None, error, True)
         if not closing:
             self._restart()
 
@@ -507,10 +510,7 @@ class PythonInstance(BackendInstance):
 
     # ---- execution ----------------------------------------------------------------------------
 
-    def execute(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        raise internal("python models execute requests, not assembled batches")
-
-    def execute_requests(self, jobs: list[Any]) -> RequestsResult:
+    def execute_requests(self, jobs: Sequence[RequestJob]) -> RequestsResult:
         started = time.monotonic_ns()
         keys = [next(self._keys) for _ in jobs]
         groups = []
@@ -723,8 +723,7 @@ class PythonInstance(BackendInstance):
     def _on_query(self, worker: _Worker, message: tuple[Any, ...]) -> None:
         query_id, key = message[1], message[2]
         job = self._jobs.get(key)
-        future = getattr(job, "future", None)
-        answer = bool(future is not None and future.cancelled())
+        answer = job is not None and job.cancelled()
         with contextlib.suppress(OSError):
             worker.channel.send((tp.QUERY_ANSWER, query_id, answer))
 
@@ -751,14 +750,16 @@ class PythonInstance(BackendInstance):
             else:
                 _answer(channel, call_id, None, result)
             return
-        server, loop = get_server()
-        if server is None or loop is None:
+        server = self._server
+        if server is None:
             _answer(channel, call_id, f"pb_utils.{operation} needs a running server", None)
             return
-        loop.call_soon_threadsafe(self._call_on_loop, server, channel, call_id, operation, args)
+        server.loop.call_soon_threadsafe(
+            self._call_on_loop, server, channel, call_id, operation, args
+        )
 
     def _call_on_loop(
-        self, server: Any, channel: tp.Channel, call_id: int, operation: str, args: Any
+        self, server: ServerHandle, channel: tp.Channel, call_id: int, operation: str, args: Any
     ) -> None:
         """On the event loop: readiness, load and unload through the server core."""
         if operation == "model_ready":
@@ -842,20 +843,27 @@ class PythonInstance(BackendInstance):
             outputs=[RequestedOutput(n) for n in names] if names else None,
             parameters=parameters,
         )
-        server, loop = get_server()
-        if server is None or loop is None:
+        server = self._server
+        if server is None:
             self._bls_reply(worker, bls_id, None, internal("BLS needs a running server"), True)
             return
-        loop.call_soon_threadsafe(self._bls_start, server, worker, bls_id, request, decoupled)
+        server.loop.call_soon_threadsafe(
+            self._bls_start, server, worker, bls_id, request, decoupled
+        )
 
     def _bls_start(
-        self, server: Any, worker: _Worker, bls_id: int, request: InferRequest, decoupled: bool
+        self,
+        server: ServerHandle,
+        worker: _Worker,
+        bls_id: int,
+        request: InferRequest,
+        decoupled: bool,
     ) -> None:
         """On the event loop: run the request through the core. Errors before the request is
         queued get Triton's BLS wording (request_executor.cc)."""
         name, version = request.model_name, request.model_version
         try:
-            if not _serving(server, name, version):
+            if not server.model_serving(name, version):
                 raise internal(
                     f"Failed for execute the inference request. Model '{name}' is not ready."
                 )
@@ -874,7 +882,7 @@ class PythonInstance(BackendInstance):
                     "'decoupled=True' argument to the 'exec' or 'async_exec' calls for "
                     "decoupled models.'"
                 )
-            future = server.infer(request)
+            future = server.infer(request, caller=BLS_CALLER)
         except InferenceServerError as exc:
             error = internal(f"Model {name} - Error when running inference: {exc.message}")
             self._bls_reply(worker, bls_id, None, error, True)
@@ -958,14 +966,6 @@ def _on_metric(metrics: MetricOwner, message: tuple[Any, ...]) -> None:
         metrics.delete_metric(number)
     elif operation == "delete_family":
         metrics.delete_family(number)
-
-
-def _serving(server: Any, name: str, version: str) -> bool:
-    """Loaded and healthy (a model's own is_ready() does not stop BLS requests, as in Triton)."""
-    try:
-        return bool(server.resolve(name, version).healthy())
-    except InferenceServerError:
-        return False
 
 
 def _answer(channel: tp.Channel, call_id: int, error: str | None, result: Any) -> None:

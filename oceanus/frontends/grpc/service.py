@@ -393,7 +393,7 @@ class GrpcService:
                     trace.capture("GRPC_WAITREAD_START", request.received_ns)
                     trace.capture("GRPC_WAITREAD_END", request.received_ns)
                     request.trace = trace
-            future = self.core.infer(request)
+            future = self.core.infer(request, caller="ModelStreamInfer RPC")
         except Exception as exc:
             _, text = _failure(exc, "ModelStreamInfer")
             outbox.put_nowait(codec.encode_stream_error(text, request_id))

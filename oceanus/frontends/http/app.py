@@ -16,14 +16,13 @@ from typing import Any
 import orjson
 
 from oceanus.core.errors import InferenceServerError, internal, invalid_arg
-from oceanus.core.model_manager import decode_files
 from oceanus.core.proto_json import message_to_dict
 from oceanus.core.server import ServerCore
 from oceanus.core.tracing import Trace, TraceSettingError
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.http import codec, generate, shared_memory
 from oceanus.frontends.http.errors import http_status
-from oceanus.frontends.http.extensions import handle_logging
+from oceanus.frontends.http.extensions import decode_files, handle_logging
 from oceanus.frontends.http.protocol import (
     Headers,
     HttpRequest,
@@ -40,6 +39,8 @@ JSON = b"application/json"
 OCTET = b"application/octet-stream"
 EVENT_STREAM = b"text/event-stream; charset=utf-8"
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
+# How Triton names this frontend when it refuses a decoupled model.
+HTTP_CALLER = "HTTP end point"
 Outcome = HttpResponse | Pending | Streamed
 
 
@@ -249,7 +250,7 @@ class HttpFrontend:
             trace = self._start_trace(request, infer_request)
             if trace is not None:
                 finisher = _traced(finisher, trace)
-        future = self.core.infer(infer_request)
+        future = self.core.infer(infer_request, caller=HTTP_CALLER)
         return Pending(future, finisher)
 
     def _generate(self, request: HttpRequest, name: str, version: str, streaming: bool) -> Outcome:

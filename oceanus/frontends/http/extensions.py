@@ -1,16 +1,19 @@
-"""HTTP handlers of Triton's logging extension (`GET/POST /v2/logging`).
+"""HTTP request helpers of Triton's extensions: the logging extension (`GET/POST /v2/logging`)
+and the model repository extension's load parameters.
 
 Plain functions, free of routing: the HTTP app calls them with the request's method and body and
 sends back the (status, JSON document) they return. The settings logic is shared with gRPC in
 oceanus/frontends/log_settings.py.
-
-The trace extension (`/v2/trace/setting`) is not implemented: Oceanus writes no traces.
 """
 
 from __future__ import annotations
 
+import base64
+from typing import Any
+
 import orjson
 
+from oceanus.core.errors import invalid_arg
 from oceanus.frontends.log_settings import (
     BadLogSetting,
     Document,
@@ -45,3 +48,19 @@ def handle_logging(settings: LogSettings, method: str, body: bytes) -> tuple[int
             return exc.status, {"error": exc.message}
         apply_log_settings(settings, new)
     return 200, log_settings_document(settings)
+
+
+def decode_files(name: str, parameters: dict[str, Any]) -> dict[str, bytes]:
+    """A repository load's `file:<version>/<name>` parameters (base64 over HTTP; gRPC sends
+    bytes) -> relative path -> bytes."""
+    files: dict[str, bytes] = {}
+    for key, value in parameters.items():
+        if not key.startswith("file:"):
+            continue
+        try:
+            files[key[len("file:") :]] = base64.b64decode(value, validate=True)
+        except (ValueError, TypeError):
+            raise invalid_arg(
+                f"failed to load '{name}': parameter '{key}' is not valid base64"
+            ) from None
+    return files

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from oceanus.backends import builtin
 from oceanus.core.errors import ErrorCode, InferenceServerError
 from oceanus.core.server import CoreOptions, ServerCore
 from oceanus.core.types import InferRequest, Tensor
@@ -29,7 +30,7 @@ def repeat(n: int, **parameters: Any) -> InferRequest:
 
 def with_core(repository: Path, body: Callable[[ServerCore], Awaitable[None]]) -> None:
     async def main() -> None:
-        core = ServerCore(CoreOptions(repositories=[repository]))
+        core = ServerCore(CoreOptions(repositories=[repository], backends=builtin.registry()))
         await core.start()
         try:
             assert core.model_ready("repeat")

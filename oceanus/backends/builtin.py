@@ -1,0 +1,90 @@
+"""The built-in backends as registry specs: each framework is imported when a model first needs
+it, so unused frameworks cost nothing at start-up."""
+
+from __future__ import annotations
+
+from oceanus.core.backend import Backend
+from oceanus.core.backend_registry import BackendRegistry, BackendSpec
+
+
+def _onnxruntime() -> Backend:
+    from oceanus.backends.onnxruntime import OnnxRuntimeBackend
+
+    return OnnxRuntimeBackend()
+
+
+def _tensorrt() -> Backend:
+    # Imports TensorRT only when a model loads, so that a machine without a GPU is told so.
+    from oceanus.backends.tensorrt import TensorRTBackend
+
+    return TensorRTBackend()
+
+
+def _pytorch() -> Backend:
+    from oceanus.backends.pytorch import PyTorchBackend
+
+    return PyTorchBackend()
+
+
+def _openvino() -> Backend:
+    from oceanus.backends.openvino import OpenVinoBackend
+
+    return OpenVinoBackend()
+
+
+def _python() -> Backend:
+    from oceanus.backends.python.backend import PythonBackend
+
+    return PythonBackend()
+
+
+def specs() -> list[BackendSpec]:
+    """In the order Triton's auto-complete tries model file names."""
+    return [
+        BackendSpec(
+            "onnxruntime",
+            _onnxruntime,
+            model_files={"model.onnx": ""},
+            platforms=("onnxruntime_onnx",),
+            framework="onnxruntime",
+            label="ONNX Runtime",
+            install="pip install onnxruntime",
+        ),
+        BackendSpec(
+            "tensorrt",
+            _tensorrt,
+            model_files={"model.plan": ""},
+            platforms=("tensorrt_plan",),
+            framework="tensorrt",
+            label="TensorRT",
+            install="pip install oceanus[tensorrt]",
+        ),
+        BackendSpec(
+            "pytorch",
+            _pytorch,
+            # A PyTorch model is recognized, but its config must still list every input and
+            # output (the backend says so).
+            model_files={"model.pt": "", "model.pt2": "torch_aoti"},
+            platforms=("pytorch_libtorch", "torch_aoti"),
+            framework="torch",
+            label="PyTorch",
+            install="pip install oceanus[pytorch]",
+        ),
+        BackendSpec(
+            "openvino",
+            _openvino,
+            model_files={"model.xml": ""},
+            framework="openvino",
+            label="OpenVINO",
+            install="pip install oceanus[openvino]",
+        ),
+        BackendSpec("python", _python, model_files={"model.py": ""}),
+    ]
+
+
+def registry(entry_points: bool = True) -> BackendRegistry:
+    """The built-in backends, then those installed packages add (which may replace them)."""
+    found = BackendRegistry(specs())
+    if entry_points:
+        found.register_entry_points()
+    return found
