@@ -17,7 +17,7 @@ import onnxruntime as ort
 from onnx import TensorProto
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.backends._common import check_dims
+from oceanus.backends._common import check_dims, parameter
 from oceanus.core import datatypes
 from oceanus.core.backend import Backend, BatchInstance, InstanceSpec, LoadContext, model_file
 from oceanus.core.errors import invalid_arg
@@ -53,12 +53,6 @@ _GRAPH_LEVELS = {
 def _model_dims(shape: Sequence[Any]) -> list[int]:
     """ORT shapes hold ints, symbolic names or None; Triton writes every unknown as -1."""
     return [d if isinstance(d, int) and d >= 0 else -1 for d in shape]
-
-
-def _parameter(config: mc.ModelConfig, key: str) -> str | None:
-    if key in config.parameters:
-        return str(config.parameters[key].string_value)
-    return None
 
 
 class OnnxRuntimeBackend(Backend):
@@ -173,8 +167,8 @@ class OnnxRuntimeBackend(Backend):
     def load(self, context: LoadContext) -> BatchInstance:
         config, model_path, spec = context.config, context.files.model_path, context.spec
         options = ort.SessionOptions()
-        intra = _parameter(config, "intra_op_thread_count")
-        inter = _parameter(config, "inter_op_thread_count")
+        intra = parameter(config, "intra_op_thread_count")
+        inter = parameter(config, "inter_op_thread_count")
         options.intra_op_num_threads = int(intra) if intra else spec.cpu_threads
         options.inter_op_num_threads = int(inter) if inter else 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
