@@ -10,7 +10,8 @@ import grpc
 
 from oceanus.core.server import ServerCore
 from oceanus.frontends.grpc import health
-from oceanus.frontends.grpc.service import SERVICE_NAME, GrpcService
+from oceanus.frontends.grpc.methods import SERVICE_NAME
+from oceanus.frontends.grpc.service import GrpcService
 from oceanus.logs import LogSettings
 
 log = logging.getLogger("oceanus.grpc")

@@ -30,6 +30,7 @@ from oceanus.core.tracing import Trace, TraceSettingError
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.grpc import codec, health
 from oceanus.frontends.grpc.errors import grpc_status
+from oceanus.frontends.grpc.methods import UNARY_METHODS, Context, restricted
 from oceanus.frontends.log_settings import (
     BadLogSetting,
     apply_log_settings,
@@ -41,7 +42,6 @@ from oceanus.logs import LogSettings
 
 log = logging.getLogger("oceanus.grpc")
 
-SERVICE_NAME = "inference.GRPCInferenceService"
 
 # Triton's texts for the features that are off.
 NO_LOGGING = "the server does not support dynamic logging"
@@ -58,8 +58,6 @@ NO_REPOSITORY_NAME = "'repository_name' specification is not supported"
 
 # A stream's responses in order; a traced response comes with its Trace (finished once written).
 Outbox: TypeAlias = "asyncio.Queue[bytes | tuple[bytes, Trace] | None]"
-# grpc.aio.ServicerContext (grpcio ships no type information)
-Context: TypeAlias = Any
 Unary = Callable[[Any, Context], Awaitable[Any]]
 
 
@@ -417,101 +415,21 @@ class GrpcService:
 
     # ---- registration -----------------------------------------------------------------------
 
-    def _restricted(self, category: str, handler: Any) -> Any:
-        rule = self.restrictions.get(category)
-        if rule is None:
-            return handler
-        header, value = rule
-        denied = f"This protocol is restricted, expecting header '{header}'"
-
-        async def checked(request: Any, context: Context) -> Any:
-            for key, given in context.invocation_metadata() or ():
-                if key == header and given == value:
-                    return await handler(request, context)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, denied)
-
-        return checked
-
     def method_handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         """`inference.GRPCInferenceService`'s methods."""
-        unary = [
-            ("ServerLive", "health", self.server_live, pb.ServerLiveRequest),
-            ("ServerReady", "health", self.server_ready, pb.ServerReadyRequest),
-            ("ModelReady", "health", self.model_ready, pb.ModelReadyRequest),
-            ("ServerMetadata", "metadata", self.server_metadata, pb.ServerMetadataRequest),
-            ("ModelMetadata", "metadata", self.model_metadata, pb.ModelMetadataRequest),
-            ("ModelConfig", "model-config", self.model_config, pb.ModelConfigRequest),
-            ("ModelStatistics", "statistics", self.model_statistics, pb.ModelStatisticsRequest),
-            (
-                "RepositoryIndex",
-                "model-repository",
-                self.repository_index,
-                pb.RepositoryIndexRequest,
-            ),
-            (
-                "RepositoryModelLoad",
-                "model-repository",
-                self.repository_model_load,
-                pb.RepositoryModelLoadRequest,
-            ),
-            (
-                "RepositoryModelUnload",
-                "model-repository",
-                self.repository_model_unload,
-                pb.RepositoryModelUnloadRequest,
-            ),
-            (
-                "SystemSharedMemoryStatus",
-                "shared-memory",
-                self.system_shm_status,
-                pb.SystemSharedMemoryStatusRequest,
-            ),
-            (
-                "SystemSharedMemoryRegister",
-                "shared-memory",
-                self.system_shm_register,
-                pb.SystemSharedMemoryRegisterRequest,
-            ),
-            (
-                "SystemSharedMemoryUnregister",
-                "shared-memory",
-                self.system_shm_unregister,
-                pb.SystemSharedMemoryUnregisterRequest,
-            ),
-            (
-                "CudaSharedMemoryStatus",
-                "shared-memory",
-                self.cuda_shm_status,
-                pb.CudaSharedMemoryStatusRequest,
-            ),
-            (
-                "CudaSharedMemoryRegister",
-                "shared-memory",
-                self.cuda_shm_register,
-                pb.CudaSharedMemoryRegisterRequest,
-            ),
-            (
-                "CudaSharedMemoryUnregister",
-                "shared-memory",
-                self.cuda_shm_unregister,
-                pb.CudaSharedMemoryUnregisterRequest,
-            ),
-            ("TraceSetting", "trace", self.trace_setting, pb.TraceSettingRequest),
-            ("LogSettings", "logging", self.log_settings_rpc, pb.LogSettingsRequest),
-        ]
         handlers: dict[str, grpc.RpcMethodHandler] = {}
-        for method, category, body, request_type in unary:
+        for method, category, attribute, request_type in UNARY_METHODS:
             handlers[method] = grpc.unary_unary_rpc_method_handler(
-                self._restricted(category, _unary(method, body)),
+                restricted(self.restrictions, category, _unary(method, getattr(self, attribute))),
                 request_deserializer=request_type.FromString,
                 response_serializer=_serialize,
             )
         # The infer RPCs take and return bytes: codec.py does the (de)serialization.
         handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-            self._restricted("inference", self.model_infer)
+            restricted(self.restrictions, "inference", self.model_infer)
         )
         handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-            self._restricted("inference", self.model_stream_infer)
+            restricted(self.restrictions, "inference", self.model_stream_infer)
         )
         return handlers
 
@@ -519,7 +437,7 @@ class GrpcService:
         """`grpc.health.v1.Health/Check` (Watch is not offered, as by Triton)."""
         return {
             "Check": grpc.unary_unary_rpc_method_handler(
-                self._restricted("health", _unary("Check", self.health_check)),
+                restricted(self.restrictions, "health", _unary("Check", self.health_check)),
                 request_deserializer=health.HealthCheckRequest.FromString,
                 response_serializer=_serialize,
             )

@@ -18,6 +18,7 @@ import orjson
 from oceanus.core.errors import InferenceServerError, internal, invalid_arg
 from oceanus.core.proto_json import message_to_dict
 from oceanus.core.server import ServerCore
+from oceanus.core.shared_memory import SharedMemoryManager
 from oceanus.core.tracing import Trace, TraceSettingError
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.http import codec, generate, shared_memory
@@ -143,15 +144,7 @@ class HttpFrontend:
         return json_response(document)
 
     def _check_restriction(self, request: HttpRequest, parts: list[str]) -> None:
-        """403 unless the request carries the header its API group needs (Triton checks this
-        before anything else, the method included)."""
-        rule = self.restrictions.get(_category(parts))
-        if rule is not None:
-            header, value = rule
-            if request.headers.get(header) != value:
-                raise HttpError(
-                    403, f"This API is restricted, expecting header '{header.decode('latin-1')}'"
-                )
+        check_restriction(self.restrictions, request, parts)
 
     def _repository(self, request: HttpRequest, parts: list[str]) -> Outcome:
         if parts == ["index"]:
@@ -216,36 +209,12 @@ class HttpFrontend:
         return json_response({"model_stats": self.core.statistics(name, version)})
 
     def _body(self, request: HttpRequest) -> bytes:
-        """The request body, decompressed, within --http-max-input-size."""
-        if request.too_large:
-            size = request.headers.get(b"content-length", b"")
-            shown = int(size) if size.isdigit() else self.max_input_size + 1
-            raise invalid_arg(_too_large(shown, self.max_input_size))
-        encoding = request.headers.get(b"content-encoding")
-        body = request.body
-        if encoding:
-            encoding = encoding.strip().lower()
-            if encoding != b"identity":
-                body = _decompress(body, encoding, self.max_input_size)
-        return body
+        return request_body(request, self.max_input_size)
 
     def _infer(self, request: HttpRequest, name: str, version: str) -> Outcome:
-        body = self._body(request)
-        headers = request.headers
-        header_length = headers.get(b"inference-header-content-length")
-        infer_request = codec.decode_infer_request(
-            body,
-            header_length.decode("latin-1") if header_length is not None else None,
-            name,
-            version,
-            self.core.shared_memory,
+        infer_request, finisher = decode_infer(
+            request, name, version, self.core.shared_memory, self.max_input_size
         )
-        parameters = infer_request.parameters
-        binary_default = bool(parameters.get("binary_data_output", False)) if parameters else False
-        accept = headers.get(b"accept-encoding", b"")
-        if log.isEnabledFor(logging.DEBUG):  # --log-verbose 1: each request's path
-            log.debug("HTTP infer request '%s' for '%s' received", infer_request.id, name)
-        finisher = _infer_finisher(binary_default, accept)
         if self.core.tracer.active:
             trace = self._start_trace(request, infer_request)
             if trace is not None:
@@ -297,9 +266,84 @@ class HttpFrontend:
         return json_response(tracer.document(model_name))
 
 
-def _infer_finisher(
-    binary_default: bool, accept: bytes
-) -> Callable[[asyncio.Future[Any]], HttpResponse]:
+def request_body(request: HttpRequest, max_input_size: int) -> bytes:
+    """The request body, decompressed, within --http-max-input-size."""
+    if request.too_large:
+        size = request.headers.get(b"content-length", b"")
+        shown = int(size) if size.isdigit() else max_input_size + 1
+        raise invalid_arg(_too_large(shown, max_input_size))
+    encoding = request.headers.get(b"content-encoding")
+    body = request.body
+    if encoding:
+        encoding = encoding.strip().lower()
+        if encoding != b"identity":
+            body = _decompress(body, encoding, max_input_size)
+    return body
+
+
+Finisher = Callable[[asyncio.Future[Any]], HttpResponse]
+
+
+def decode_infer(
+    request: HttpRequest,
+    name: str,
+    version: str,
+    shm: SharedMemoryManager,
+    max_input_size: int,
+) -> tuple[InferRequest, Finisher]:
+    """An infer request's body as a core request, and what turns its outcome into the HTTP
+    response (the frontend worker processes call this too)."""
+    body = request_body(request, max_input_size)
+    headers = request.headers
+    header_length = headers.get(b"inference-header-content-length")
+    infer_request = codec.decode_infer_request(
+        body,
+        header_length.decode("latin-1") if header_length is not None else None,
+        name,
+        version,
+        shm,
+    )
+    parameters = infer_request.parameters
+    binary_default = bool(parameters.get("binary_data_output", False)) if parameters else False
+    accept = headers.get(b"accept-encoding", b"")
+    if log.isEnabledFor(logging.DEBUG):  # --log-verbose 1: each request's path
+        log.debug("HTTP infer request '%s' for '%s' received", infer_request.id, name)
+    return infer_request, _infer_finisher(binary_default, accept)
+
+
+def infer_route(request: HttpRequest) -> tuple[str, str] | None:
+    """(model, version) when the request is `POST /v2/models/<m>[/versions/<v>]/infer`."""
+    if request.method != "POST":
+        return None
+    parts = request.path.split("/")
+    if len(parts) == 5 and parts[4] == "infer":
+        name, version = parts[3], ""
+    elif len(parts) == 7 and parts[6] == "infer" and parts[4] == "versions":
+        name, version = parts[3], parts[5]
+        if not version.isdigit():
+            return None
+    else:
+        return None
+    if parts[:3] != ["", "v2", "models"] or not name:
+        return None
+    return name, version
+
+
+def check_restriction(
+    restrictions: dict[str, tuple[bytes, bytes]], request: HttpRequest, parts: list[str]
+) -> None:
+    """403 unless the request carries the header its API group needs (Triton checks this
+    before anything else, the method included)."""
+    rule = restrictions.get(_category(parts))
+    if rule is not None:
+        header, value = rule
+        if request.headers.get(header) != value:
+            raise HttpError(
+                403, f"This API is restricted, expecting header '{header.decode('latin-1')}'"
+            )
+
+
+def _infer_finisher(binary_default: bool, accept: bytes) -> Finisher:
     def finish(future: asyncio.Future[Any]) -> HttpResponse:
         exc = future.exception()
         if log.isEnabledFor(logging.DEBUG):
