@@ -50,6 +50,19 @@ IGNORED_FLAGS = (
 )
 
 
+def parse_workers(text: str) -> int | None:
+    """`--frontend-workers`: a count, or `auto` (None)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        count = int(text)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of workers or 'auto', got '{text}'")
+    return count
+
+
 def parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in _TRUE:
@@ -166,6 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="Oceanus: after an HTTP response, poll up to this long for the next request "
         "instead of sleeping, when requests come that close together (lower latency for CPU "
         f"time; 0: off; default {DEFAULT_BUDGET_US})",
+    )
+    add(
+        "--frontend-workers",
+        type=parse_workers,
+        default=None,
+        metavar="N|auto",
+        help="Oceanus: processes that serve HTTP and gRPC on the shared ports and hand decoded "
+        "requests to the one core process (default auto: one per usable CPU; 0: one process)",
     )
     add(
         "--http-restricted-api",
@@ -352,6 +373,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, list[str]]:
         exit_timeout_secs=args.exit_timeout_secs,
         http_max_input_size=args.http_max_input_size,
         http_busy_poll_us=args.http_busy_poll_us,
+        frontend_workers=args.frontend_workers,
         model_control_mode=args.model_control_mode,
         load_models=args.load_models,
         repository_poll_secs=args.repository_poll_secs,

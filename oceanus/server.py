@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import pickle
 import signal
 from pathlib import Path
+from typing import Any
 
 from oceanus.backends import builtin
 from oceanus.core.model import ModelState
 from oceanus.core.server import CoreOptions, ServerCore
 from oceanus.core.tracing import MODE_OPENTELEMETRY, SpanExporter
 from oceanus.frontends.grpc.server import GrpcFrontend, GrpcOptions
+from oceanus.frontends.grpc.service import GrpcService
 from oceanus.frontends.http.app import HttpFrontend
 from oceanus.frontends.http.protocol import HttpServer
 from oceanus.frontends.metrics import (
@@ -20,6 +24,8 @@ from oceanus.frontends.metrics import (
     parse_metrics_config,
 )
 from oceanus.frontends.metrics.server import enable_latency_recording
+from oceanus.frontends.workers.core_link import CoreLink
+from oceanus.frontends.workers.supervisor import FrontendWorkers, auto_workers, claim_port
 from oceanus.logs import configure, table
 from oceanus.settings import Settings
 
@@ -59,6 +65,31 @@ def _span_exporter(settings: Settings) -> SpanExporter | None:
     return OtlpSpanExporter(settings.trace.mode_options)
 
 
+def grpc_options(settings: Settings, reuse_port: bool | None = None) -> GrpcOptions:
+    """The gRPC frontend's options from the `--grpc-*` flags."""
+    return GrpcOptions(
+        address=settings.grpc_address,
+        port=settings.grpc_port,
+        reuse_port=settings.reuse_grpc_port if reuse_port is None else reuse_port,
+        keepalive_time_ms=settings.grpc_keepalive_time,
+        keepalive_timeout_ms=settings.grpc_keepalive_timeout,
+        keepalive_permit_without_calls=settings.grpc_keepalive_permit_without_calls,
+        http2_max_pings_without_data=settings.grpc_http2_max_pings_without_data,
+        http2_min_recv_ping_interval_without_data_ms=(
+            settings.grpc_http2_min_recv_ping_interval_without_data
+        ),
+        http2_max_ping_strikes=settings.grpc_http2_max_ping_strikes,
+        max_connection_age_ms=settings.grpc_max_connection_age,
+        max_connection_age_grace_ms=settings.grpc_max_connection_age_grace,
+        restricted=settings.grpc_restricted_protocols,
+        use_ssl=settings.grpc_use_ssl,
+        use_ssl_mutual=settings.grpc_use_ssl_mutual,
+        server_cert=settings.grpc_server_cert,
+        server_key=settings.grpc_server_key,
+        root_cert=settings.grpc_root_cert,
+    )
+
+
 class Server:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -67,6 +98,7 @@ class Server:
         self._http: HttpServer | None = None
         self._grpc: GrpcFrontend | None = None
         self._metrics: MetricsFrontend | None = None
+        self._workers: FrontendWorkers | None = None
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -117,14 +149,20 @@ class Server:
             # HTTP last: once /v2/health/live answers, every other endpoint is up too.
             if settings.allow_metrics:
                 await self._start_metrics(core)
-            if settings.allow_grpc:
-                await self._start_grpc(core)
-            if settings.allow_http:
-                await self._start_http(core)
+            workers = frontend_worker_count(settings)
+            if workers > 0 and (settings.allow_http or settings.allow_grpc):
+                await self._start_workers(core, workers)
+            else:
+                if settings.allow_grpc:
+                    await self._start_grpc(core)
+                if settings.allow_http:
+                    await self._start_http(core)
             await self._stop.wait()
             log.info("stopping: waiting for in-flight requests")
             core.stop_accepting()
         finally:
+            if self._workers is not None:
+                await self._workers.stop(settings.exit_timeout_secs)
             await self._stop_http()
             await self._stop_grpc()
             await self._stop_metrics()
@@ -167,34 +205,63 @@ class Server:
 
     async def _start_grpc(self, core: ServerCore) -> None:
         settings = self.settings
-        options = GrpcOptions(
-            address=settings.grpc_address,
-            port=settings.grpc_port,
-            reuse_port=settings.reuse_grpc_port,
-            keepalive_time_ms=settings.grpc_keepalive_time,
-            keepalive_timeout_ms=settings.grpc_keepalive_timeout,
-            keepalive_permit_without_calls=settings.grpc_keepalive_permit_without_calls,
-            http2_max_pings_without_data=settings.grpc_http2_max_pings_without_data,
-            http2_min_recv_ping_interval_without_data_ms=(
-                settings.grpc_http2_min_recv_ping_interval_without_data
-            ),
-            http2_max_ping_strikes=settings.grpc_http2_max_ping_strikes,
-            max_connection_age_ms=settings.grpc_max_connection_age,
-            max_connection_age_grace_ms=settings.grpc_max_connection_age_grace,
-            restricted=settings.grpc_restricted_protocols,
-            use_ssl=settings.grpc_use_ssl,
-            use_ssl_mutual=settings.grpc_use_ssl_mutual,
-            server_cert=settings.grpc_server_cert,
-            server_key=settings.grpc_server_key,
-            root_cert=settings.grpc_root_cert,
-        )
-        self._grpc = GrpcFrontend(core, options, settings.log)
+        options = grpc_options(settings)
+        self._grpc = GrpcFrontend(GrpcService(core, options.restricted, settings.log), options)
         try:
             await self._grpc.start()
         except OSError as exc:
             self._grpc = None
             raise SystemExit(str(exc)) from None
         log.info("Started GRPCInferenceService at %s", options.endpoint)
+
+    async def _start_workers(self, core: ServerCore, count: int) -> None:
+        """HTTP and gRPC in `count` worker processes; this process keeps the core (issue 16,
+        docs/architecture.md "Frontend worker processes")."""
+        settings = self.settings = self._claim_ports(self.settings)
+        http = HttpFrontend(
+            core, settings.http_max_input_size, settings.log, settings.http_restricted_apis
+        )
+        service = GrpcService(core, settings.grpc_restricted_protocols, settings.log)
+        handlers = {**service.method_handlers(), **service.health_handlers()}
+
+        def state() -> dict[str, Any]:
+            return {"tracing": core.tracer.active, "log": dataclasses.asdict(settings.log)}
+
+        self._workers = FrontendWorkers(
+            count, pickle.dumps(settings), lambda: CoreLink(core, http, handlers), state
+        )
+        try:
+            await self._workers.start()
+        except OSError as exc:
+            raise SystemExit(str(exc)) from None
+        if settings.allow_grpc:
+            log.info("Started GRPCInferenceService at %s", grpc_options(settings).endpoint)
+        if settings.allow_http:
+            log.info("Started HTTPService at %s:%d", settings.http_address, settings.http_port)
+        log.info("%d frontend worker processes serve HTTP and gRPC", count)
+
+    @staticmethod
+    def _claim_ports(settings: Settings) -> Settings:
+        """The settings with the HTTP and gRPC ports checked free (and port 0 resolved), so that
+        every worker binds the same port and a port in use fails the start, as in-process."""
+        http_port, grpc_port = settings.http_port, settings.grpc_port
+        if settings.allow_http:
+            try:
+                http_port = claim_port(settings.http_address, http_port)
+            except OSError as exc:
+                raise SystemExit(
+                    f"failed to start HTTP service on {settings.http_address}:{http_port}: "
+                    f"{exc.strerror}"
+                ) from None
+        if settings.allow_grpc:
+            endpoint = grpc_options(settings).endpoint
+            try:
+                grpc_port = claim_port(settings.grpc_address, grpc_port)
+            except OSError as exc:
+                raise SystemExit(
+                    f"failed to start GRPC service on {endpoint}: {exc.strerror}"
+                ) from None
+        return dataclasses.replace(settings, http_port=http_port, grpc_port=grpc_port)
 
     async def _stop_grpc(self) -> None:
         if self._grpc is None:
@@ -229,7 +296,14 @@ class Server:
         self._metrics = None
 
 
-def _install_uvloop() -> None:
+def frontend_worker_count(settings: Settings) -> int:
+    """`--frontend-workers`: the number asked for, or one per usable CPU (`auto`)."""
+    if settings.frontend_workers is not None:
+        return settings.frontend_workers
+    return auto_workers()
+
+
+def install_uvloop() -> None:
     try:
         import uvloop
 
@@ -243,7 +317,7 @@ def run(settings: Settings, ignored_flags: list[str] | None = None) -> int:
     configure(settings.log)
     for flag in ignored_flags or []:
         log.warning("flag %s is accepted for compatibility but not implemented; ignoring it", flag)
-    _install_uvloop()
+    install_uvloop()
 
     async def main() -> int:
         server = Server(settings)

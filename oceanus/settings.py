@@ -33,6 +33,9 @@ class Settings:
     http_max_input_size: int = 64 * 1024 * 1024
     # After an HTTP response, poll this long for the next request before sleeping (0: never).
     http_busy_poll_us: int = DEFAULT_BUDGET_US
+    # Processes serving HTTP and gRPC beside the core process (0: all in one process; None:
+    # `auto`, one per usable CPU).
+    frontend_workers: int | None = None
     model_control_mode: str = "none"
     load_models: list[str] = field(default_factory=list)
     repository_poll_secs: int = 15

@@ -5,14 +5,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 
-from oceanus.core.server import ServerCore
 from oceanus.frontends.grpc import health
 from oceanus.frontends.grpc.methods import SERVICE_NAME
-from oceanus.frontends.grpc.service import GrpcService
-from oceanus.logs import LogSettings
 
 log = logging.getLogger("oceanus.grpc")
 
@@ -83,15 +81,20 @@ class GrpcOptions:
         return f"{host}:{self.port}"
 
 
+class Servicer(Protocol):
+    """What serves the RPCs: the in-process GrpcService, or a frontend worker's handlers."""
+
+    def method_handlers(self) -> dict[str, grpc.RpcMethodHandler]: ...
+
+    def health_handlers(self) -> dict[str, grpc.RpcMethodHandler]: ...
+
+
 class GrpcFrontend:
     """Owns the grpc.aio server; `start()` and `stop()` run on the server's event loop."""
 
-    def __init__(
-        self, core: ServerCore, options: GrpcOptions, log_settings: LogSettings | None = None
-    ) -> None:
-        self.core = core
+    def __init__(self, service: Servicer, options: GrpcOptions) -> None:
         self.options = options
-        self.service = GrpcService(core, options.restricted, log_settings)
+        self.service = service
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:

@@ -51,6 +51,9 @@ class HttpResponse:
     headers: Headers = field(default_factory=list)
     # Called with the monotonic times around the write (traced requests only).
     on_sent: Callable[[int, int], None] | None = None
+    # A body that comes in parts (sent with chunked transfer encoding; `body` is ignored): how a
+    # frontend worker relays a streamed response the core process produces.
+    stream: AsyncIterator[bytes] | None = None
 
 
 @dataclass(slots=True)
@@ -239,6 +242,10 @@ class HttpProtocol(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
+        if response.stream is not None:
+            task = asyncio.ensure_future(self._stream(Streamed(_parts(response)), keep_alive))
+            self._current = Pending(task, _no_finish)  # closing the connection cancels it
+            return
         if response.on_sent is None:
             transport.write(encode_response(response, keep_alive))
         else:
@@ -292,6 +299,20 @@ class HttpProtocol(asyncio.Protocol):
         self._write(response, keep_alive=False)
 
 
+async def _parts(response: HttpResponse) -> AsyncIterator[HttpResponse | bytes]:
+    """A response with a `stream` body as a Streamed outcome's parts: head, then chunks."""
+    assert response.stream is not None
+    stream = response.stream
+    try:
+        yield response
+        async for chunk in stream:
+            yield chunk
+    finally:
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
 def _no_finish(future: asyncio.Future[Any]) -> HttpResponse:
     raise AssertionError("a streamed response finishes itself")
 
@@ -310,7 +331,9 @@ class HttpServer:
         self._connections: set[HttpProtocol] = set()
         self._server: asyncio.Server | None = None
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> None:
+        """Listen; `reuse_port`: share the port with other processes (SO_REUSEPORT), as the
+        frontend worker processes do."""
         loop = asyncio.get_running_loop()
         if self._busy_poll_us and usable_cpus() > 1:
             self.busy_poll = BusyPoll(self._busy_poll_us, loop)
@@ -319,6 +342,7 @@ class HttpServer:
             host=host,
             port=port,
             reuse_address=True,
+            reuse_port=reuse_port or None,
             backlog=2048,
         )
 

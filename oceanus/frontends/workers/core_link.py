@@ -1,0 +1,265 @@
+"""The core process's end of one frontend worker's channel.
+
+Decoded inference requests go straight to `ServerCore.infer`. Everything else a worker forwards
+(any HTTP request but a plain infer, any gRPC call but a plain ModelInfer, every
+ModelStreamInfer message) is answered here by the ordinary in-process frontends, `HttpFrontend`
+and the `GrpcService` handlers, so it behaves exactly as without workers: one implementation of
+every endpoint, run where the state lives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from oceanus.core.errors import ErrorCode
+from oceanus.core.server import ServerCore
+from oceanus.core.types import InferResponse
+from oceanus.frontends.http.app import HttpFrontend, error_response
+from oceanus.frontends.http.protocol import HttpRequest, HttpResponse, Pending, Streamed
+from oceanus.frontends.workers import messages as m
+from oceanus.frontends.workers.channel import Channel, Message
+
+log = logging.getLogger("oceanus.workers")
+
+# A request the core itself cancelled (the server is stopping), not its client.
+CANCELLED = "request cancelled"
+
+
+class _Aborted(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class ForwardedContext:
+    """What gRPC handlers use of grpc.aio's ServicerContext, for a call a worker forwarded."""
+
+    def __init__(self, metadata: list[tuple[str, str]], write: Callable[[bytes], None]) -> None:
+        self._metadata = tuple(metadata)
+        self._write = write
+        self._done: list[Callable[[Any], None]] = []
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        raise _Aborted(code, details)
+
+    async def write(self, data: bytes) -> None:
+        self._write(data)
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+        self._done.append(callback)
+
+    def finish(self) -> None:
+        for callback in self._done:
+            callback(self)
+
+
+async def _queued(queue: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:
+    while True:
+        item = await queue.get()
+        if item is None:
+            return
+        yield item
+
+
+class CoreLink:
+    """Serves one worker: `receive` handles each of its messages on the core's loop."""
+
+    def __init__(
+        self,
+        core: ServerCore,
+        http: HttpFrontend,
+        grpc_handlers: dict[str, grpc.RpcMethodHandler],
+    ) -> None:
+        self._core = core
+        self._http = http
+        self._grpc = grpc_handlers
+        self.channel: Channel | None = None
+        # Called before a forwarded call is answered: a call that changed server state the
+        # workers mirror (trace settings) then reaches every worker before its caller's answer.
+        self.on_control: Callable[[], None] = lambda: None
+        # id -> what cancels it: a core future, or the task answering a forwarded call
+        self._active: dict[int, asyncio.Future[Any]] = {}
+        self._streams: dict[int, asyncio.Queue[bytes | None]] = {}
+
+    def _send(self, message: Message) -> None:
+        if self.channel is not None:
+            self.channel.send(message)
+
+    def receive(self, message: Message) -> None:
+        kind = message[0]
+        try:
+            if kind == m.INFER:
+                self._infer(message[1], message[2], message[3])
+            elif kind == m.CANCEL:
+                future = self._active.pop(message[1], None)
+                if future is not None:
+                    future.cancel()
+            elif kind == m.HTTP:
+                self._forward_http(*message[1:])
+            elif kind == m.GRPC:
+                self._track(message[1], self._grpc_unary(*message[1:]))
+            elif kind == m.STREAM_OPEN:
+                self._stream_open(message[1], message[2])
+            elif kind == m.STREAM_IN:
+                queue = self._streams.get(message[1])
+                if queue is not None:
+                    queue.put_nowait(message[2])
+            elif kind == m.STREAM_END:
+                queue = self._streams.get(message[1])
+                if queue is not None:
+                    queue.put_nowait(None)
+        except Exception:  # a bad message must never take the link down
+            log.exception("frontend worker message %r failed", kind)
+
+    def lost(self) -> None:
+        """The worker is gone: whatever it asked for is of no use any more."""
+        for future in self._active.values():
+            future.cancel()
+        self._active.clear()
+        self._streams.clear()
+
+    # ---- decoded inference ------------------------------------------------------------------
+
+    def _infer(self, call_id: int, caller: str, fields: tuple[Any, ...]) -> None:
+        try:
+            future = self._core.infer(m.decode_request(fields), caller)
+        except Exception as exc:
+            self._send((m.INFER_ERROR, call_id, *m.error_fields(exc)))
+            return
+        self._active[call_id] = future
+        if future.done():  # executed in place (a cheap model)
+            self._infer_done(call_id, future)
+            return
+        future.add_done_callback(lambda done: self._infer_done(call_id, done))
+
+    def _infer_done(self, call_id: int, future: asyncio.Future[InferResponse]) -> None:
+        if self._active.pop(call_id, None) is None and future.cancelled():
+            return  # the worker cancelled it: its client has gone
+        if future.cancelled():
+            self._send((m.INFER_ERROR, call_id, ErrorCode.UNAVAILABLE.value, CANCELLED))
+            return
+        exc = future.exception()
+        if exc is not None:
+            self._send((m.INFER_ERROR, call_id, *m.error_fields(exc)))
+            return
+        try:
+            fields = m.encode_response(future.result())
+        except Exception as error:
+            self._send((m.INFER_ERROR, call_id, *m.error_fields(error)))
+            return
+        self._send((m.INFER_OK, call_id, fields))
+
+    # ---- forwarded HTTP ---------------------------------------------------------------------
+
+    def _forward_http(
+        self,
+        call_id: int,
+        method: str,
+        path: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        too_large: bool,
+        begin_ns: int,
+        end_ns: int,
+    ) -> None:
+        request = HttpRequest(method, path, dict(headers), body, too_large, begin_ns, end_ns)
+        outcome = self._http.handle(request)
+        if isinstance(outcome, HttpResponse):
+            self._http_response(call_id, outcome)
+        elif isinstance(outcome, Pending):
+            pending = outcome
+            self._active[call_id] = pending.future
+
+            def done(future: asyncio.Future[Any]) -> None:
+                if self._active.pop(call_id, None) is None and future.cancelled():
+                    return  # the worker cancelled it: its client has gone
+                if future.cancelled():
+                    self._http_response(call_id, error_response(503, CANCELLED))
+                    return
+                self._http_response(call_id, pending.finish(future))
+
+            pending.future.add_done_callback(done)
+        else:
+            self._track(call_id, self._stream_http(call_id, outcome))
+
+    def _http_response(self, call_id: int, response: HttpResponse) -> None:
+        self.on_control()
+        now = time.monotonic_ns()
+        self._send((m.HTTP_RESPONSE, call_id, response.status, response.headers, response.body))
+        if response.on_sent is not None:  # traced: the core's hand-off stands for the send
+            response.on_sent(now, time.monotonic_ns())
+
+    async def _stream_http(self, call_id: int, outcome: Streamed) -> None:
+        parts = outcome.parts
+        try:
+            async for part in parts:
+                if isinstance(part, HttpResponse):
+                    self._send((m.HTTP_HEAD, call_id, part.status, part.headers))
+                else:
+                    self._send((m.HTTP_CHUNK, call_id, part))
+        finally:
+            aclose = getattr(parts, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+        self._send((m.HTTP_DONE, call_id))
+
+    # ---- forwarded gRPC ---------------------------------------------------------------------
+
+    async def _grpc_unary(
+        self, call_id: int, method: str, data: bytes, metadata: list[tuple[str, str]]
+    ) -> None:
+        handler = self._grpc.get(method)
+        context = ForwardedContext(metadata, lambda _: None)
+        if handler is None or handler.unary_unary is None:
+            self._send((m.GRPC_ERROR, call_id, grpc.StatusCode.UNIMPLEMENTED.value[0], ""))
+            return
+        try:
+            request = handler.request_deserializer(data) if handler.request_deserializer else data
+            response = await handler.unary_unary(request, context)
+            self.on_control()
+            serialize = handler.response_serializer
+            self._send((m.GRPC_OK, call_id, serialize(response) if serialize else response))
+        except _Aborted as exc:
+            self._send((m.GRPC_ERROR, call_id, exc.code.value[0], exc.details))
+        except Exception as exc:
+            log.exception("forwarded %s failed", method)
+            details = f"internal error: {type(exc).__name__}: {exc}"
+            self._send((m.GRPC_ERROR, call_id, grpc.StatusCode.INTERNAL.value[0], details))
+        finally:
+            context.finish()
+
+    def _stream_open(self, call_id: int, metadata: list[tuple[str, str]]) -> None:
+        handler = self._grpc.get("ModelStreamInfer")
+        assert handler is not None and handler.stream_stream is not None
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._streams[call_id] = queue
+        context = ForwardedContext(metadata, lambda data: self._send((m.STREAM_OUT, call_id, data)))
+
+        async def serve() -> None:
+            code, details = 0, ""
+            try:
+                await handler.stream_stream(_queued(queue), context)
+            except _Aborted as exc:
+                code, details = exc.code.value[0], exc.details
+            finally:
+                self._streams.pop(call_id, None)
+            self._send((m.STREAM_DONE, call_id, code, details))
+
+        self._track(call_id, serve())
+
+    def _track(self, call_id: int, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._active[call_id] = task
+        task.add_done_callback(lambda _: self._active.pop(call_id, None))

@@ -1,0 +1,200 @@
+"""The core process's side of `--frontend-workers N`: start the worker processes, serve their
+channels, restart one that dies, mirror server state to them, and drain them on shutdown.
+
+Each worker is `python -m oceanus.worker <fd> <index>`, connected to the core by a socketpair
+whose end it inherits. A worker that dies is replaced (its clients' connections are lost, the
+other workers' clients see nothing); the core going away ends every worker, which notices its
+channel closing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from oceanus.frontends.workers import messages as m
+from oceanus.frontends.workers.channel import Channel, Message
+from oceanus.frontends.workers.core_link import CoreLink
+
+log = logging.getLogger("oceanus.workers")
+
+# How long a new worker may take to listen on its ports and say hello.
+START_TIMEOUT_S = 60.0
+# A worker that dies sooner than this after starting is restarted only after a pause.
+_RESTART_PAUSE_S = 1.0
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask and its cgroup's CPU quota."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        count = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as limits:
+            quota, period = limits.read().split()[:2]
+        if quota != "max":
+            count = min(count, max(1, int(int(quota) / int(period) + 0.5)))
+    except (OSError, ValueError):
+        pass
+    return max(1, count)
+
+
+def claim_port(address: str, port: int) -> int:
+    """Check that nothing listens on (address, port) and return the port (a free one for port
+    0). The workers then share it with SO_REUSEPORT; binding here without that option first
+    makes a port another server holds (even one that shares it) an error, as without workers."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((address, port))
+        return int(probe.getsockname()[1])
+
+
+def auto_workers() -> int:
+    """`--frontend-workers auto`: one per usable CPU (the core process shares them)."""
+    return usable_cpus()
+
+
+@dataclass
+class _Worker:
+    index: int
+    process: subprocess.Popen[bytes] | None = None
+    link: CoreLink | None = None
+    hello: asyncio.Future[str] | None = None
+    started: float = 0.0
+    stopping: bool = False
+    watcher: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+class FrontendWorkers:
+    """N worker processes, each with its CoreLink."""
+
+    def __init__(
+        self,
+        count: int,
+        settings_blob: bytes,
+        new_link: Callable[[], CoreLink],
+        state: Callable[[], dict[str, Any]],
+    ) -> None:
+        self._count = count
+        self._settings = settings_blob
+        self._new_link = new_link
+        self._state = state
+        self._workers = [_Worker(index) for index in range(count)]
+        self._last_state: dict[str, Any] = {}
+        self._stopping = False
+
+    async def start(self) -> None:
+        """Start every worker and wait until each listens; raises OSError naming what failed."""
+        await asyncio.gather(*(self._spawn(worker) for worker in self._workers))
+        results = await asyncio.gather(
+            *(asyncio.wait_for(w.hello, START_TIMEOUT_S) for w in self._workers if w.hello),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise OSError(f"a frontend worker did not start: {result!r}")
+            if result:
+                raise OSError(result)
+
+    async def _spawn(self, worker: _Worker) -> None:
+        loop = asyncio.get_running_loop()
+        parent, child = socket.socketpair()
+        link = self._new_link()
+        link.on_control = self.broadcast_state
+        worker.hello = loop.create_future()
+        worker.link = link
+
+        def on_message(message: Message) -> None:
+            if message[0] == m.HELLO:
+                if worker.hello is not None and not worker.hello.done():
+                    worker.hello.set_result(message[3])
+                return
+            link.receive(message)
+
+        channel = await Channel.open(parent, on_message, link.lost)
+        link.channel = channel
+        worker.process = subprocess.Popen(
+            [sys.executable, "-m", "oceanus.worker", str(child.fileno()), str(worker.index)],
+            pass_fds=(child.fileno(),),
+        )
+        child.close()
+        worker.started = time.monotonic()
+        channel.send((m.SETTINGS, self._settings))
+        channel.send((m.STATE, self._state()))
+        worker.watcher = asyncio.ensure_future(self._watch(worker))
+
+    async def _watch(self, worker: _Worker) -> None:
+        process = worker.process
+        assert process is not None
+        returncode = await asyncio.get_running_loop().run_in_executor(None, process.wait)
+        if self._stopping or worker.stopping:
+            return
+        log.error(
+            "frontend worker %d (pid %d) exited with status %d; starting a new one",
+            worker.index,
+            process.pid,
+            returncode,
+        )
+        if worker.link is not None and worker.link.channel is not None:
+            worker.link.channel.close()
+        if time.monotonic() - worker.started < _RESTART_PAUSE_S:
+            await asyncio.sleep(_RESTART_PAUSE_S)
+        if self._stopping:
+            return
+        await self._spawn(worker)
+        assert worker.hello is not None
+        try:
+            error = await asyncio.wait_for(worker.hello, START_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            error = "it did not say hello"
+        if error:
+            log.error("frontend worker %d failed to restart: %s", worker.index, error)
+
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers if w.process is not None]
+
+    def broadcast_state(self) -> None:
+        """Send the mirrored server state to every worker when it changed."""
+        state = self._state()
+        if state == self._last_state:
+            return
+        self._last_state = state
+        for worker in self._workers:
+            if worker.link is not None and worker.link.channel is not None:
+                worker.link.channel.send((m.STATE, state))
+
+    async def stop(self, timeout_s: float) -> None:
+        """Drain: every worker stops accepting, finishes what it has (up to `timeout_s`), exits."""
+        self._stopping = True
+        for worker in self._workers:
+            worker.stopping = True
+            if worker.link is not None and worker.link.channel is not None:
+                worker.link.channel.send((m.DRAIN,))
+        deadline = time.monotonic() + timeout_s + 5.0
+        for worker in self._workers:
+            process = worker.process
+            if process is None:
+                continue
+            while process.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            if process.poll() is None:
+                log.warning("frontend worker %d did not stop in time; killing it", worker.index)
+                process.kill()
+                await asyncio.get_running_loop().run_in_executor(None, process.wait)
+            if worker.watcher is not None:
+                worker.watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await worker.watcher
+            if worker.link is not None and worker.link.channel is not None:
+                worker.link.channel.close()

@@ -1,0 +1,122 @@
+"""A frontend worker process (`--frontend-workers`): HTTP and gRPC on the server's ports, shared
+with the other workers (SO_REUSEPORT), the core in the process that started it.
+
+Started as `python -m oceanus.worker <fd> <index>` by frontends/workers/supervisor.py, with one
+end of a socketpair as `fd`: the core process sends the server's settings first, then state
+updates; the worker serves until the core asks it to drain (or SIGTERM / SIGINT come to it
+directly), or exits at once if the core process disappears: a worker never serves without a core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pickle
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from oceanus.frontends.grpc.server import GrpcFrontend
+from oceanus.frontends.http.protocol import HttpServer
+from oceanus.frontends.workers import messages as m
+from oceanus.frontends.workers.channel import Channel
+from oceanus.frontends.workers.client import CoreClient
+from oceanus.frontends.workers.handlers import WorkerGrpc, WorkerHttp
+from oceanus.logs import LogSettings, configure
+from oceanus.server import grpc_options, install_uvloop
+from oceanus.settings import Settings
+
+log = logging.getLogger("oceanus.workers")
+
+
+class _Worker:
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.client = CoreClient()
+        self.drain = asyncio.Event()
+        self.core_lost = asyncio.Event()
+        self.settings: asyncio.Future[Settings] = asyncio.get_running_loop().create_future()
+        self._log: dict[str, Any] | None = None
+        self.client.on_drain = self.drain.set
+        self.client.on_settings = self._settings
+        self.client.on_state = self._state
+
+    def _settings(self, data: bytes) -> None:
+        if not self.settings.done():
+            self.settings.set_result(pickle.loads(data))
+
+    def _state(self, state: dict[str, Any]) -> None:
+        log_settings = state.get("log")
+        if log_settings is not None and log_settings != self._log:
+            self._log = log_settings
+            configure(LogSettings(**log_settings))
+
+    def _lost(self) -> None:
+        self.client.lost()
+        self.core_lost.set()
+
+    async def serve(self, sock: socket.socket) -> int:
+        channel = await Channel.open(sock, self.client.receive, self._lost)
+        self.client.channel = channel
+        settings = await self.settings
+        configure(settings.log)
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self.drain.set)
+        http: HttpServer | None = None
+        grpc: GrpcFrontend | None = None
+        error = ""
+        try:
+            if settings.allow_http:
+                handler = WorkerHttp(
+                    self.client, settings.http_max_input_size, settings.http_restricted_apis
+                )
+                http = HttpServer(
+                    handler.handle, settings.http_max_input_size, settings.http_busy_poll_us
+                )
+                await http.start(settings.http_address, settings.http_port, reuse_port=True)
+            if settings.allow_grpc:
+                options = grpc_options(settings, reuse_port=True)
+                grpc = GrpcFrontend(WorkerGrpc(self.client, options.restricted), options)
+                await grpc.start()
+        except OSError as exc:
+            error = f"frontend worker {self.index}: {exc.strerror or exc}"
+        channel.send((m.HELLO, self.index, os.getpid(), error))
+        if error:
+            channel.close()
+            return 1
+        waits = [
+            asyncio.ensure_future(self.drain.wait()),
+            asyncio.ensure_future(self.core_lost.wait()),
+        ]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for waiting in waits:
+            waiting.cancel()
+        if self.core_lost.is_set():
+            log.error("frontend worker %d: the core process has gone; exiting", self.index)
+            return 1
+        timeout = settings.exit_timeout_secs
+        if http is not None:
+            await http.stop(timeout)
+        if grpc is not None:
+            await grpc.stop(timeout)
+        channel.close()
+        return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    fd, index = int(args[0]), int(args[1])
+    install_uvloop()
+
+    async def run() -> int:
+        return await _Worker(index).serve(socket.socket(fileno=fd))
+
+    return asyncio.run(run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
