@@ -230,10 +230,14 @@ class Server:
         self._workers = FrontendWorkers(
             count, pickle.dumps(settings), lambda: CoreLink(core, http, handlers), state
         )
+        # Live (and ready) only once every worker listens, as in-process HTTP starts last: a
+        # worker that is up early answers its health probes "not yet" meanwhile.
+        core.live = False
         try:
             await self._workers.start()
         except OSError as exc:
             raise SystemExit(str(exc)) from None
+        core.live = True
         if settings.allow_grpc:
             log.info("Started GRPCInferenceService at %s", grpc_options(settings).endpoint)
         if settings.allow_http:

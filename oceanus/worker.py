@@ -98,12 +98,14 @@ class _Worker:
         if self.core_lost.is_set():
             log.error("frontend worker %d: the core process has gone; exiting", self.index)
             return 1
+        log.info("frontend worker %d: draining", self.index)
         timeout = settings.exit_timeout_secs
         if http is not None:
             await http.stop(timeout)
         if grpc is not None:
             await grpc.stop(timeout)
         channel.close()
+        log.info("frontend worker %d: stopped", self.index)
         return 0
 
 

@@ -21,5 +21,10 @@ python3 -m mypy oceanus bench
 lint-imports
 status=0
 python3 -m pytest "$@" || status=$?
+# The wire tests once more with every server in one process (--frontend-workers 0); the run
+# above used the default, one frontend worker process per CPU.
+if [ $# -eq 0 ]; then
+  OCEANUS_TEST_FRONTEND_WORKERS=0 python3 -m pytest -q tests/frontends || status=$?
+fi
 echo "scripts/test.sh: checks and tests took $((SECONDS - started)) s"
 exit $status

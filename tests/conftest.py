@@ -18,6 +18,9 @@ from oceanus.examples import SMALL_MODELS, example_repository
 
 # The small generated models most tests use (the two big ones only in their own smoke test).
 TEST_MODELS = tuple(SMALL_MODELS)
+# Servers start with the default --frontend-workers (auto) unless this names a count: scripts/
+# test.sh runs tests/frontends a second time with 0, so every endpoint is checked both ways.
+FRONTEND_WORKERS = os.environ.get("OCEANUS_TEST_FRONTEND_WORKERS", "")
 
 
 def free_port() -> int:
@@ -52,6 +55,8 @@ class ServerProcess:
             "--metrics-address=127.0.0.1",
             *args,
         ]
+        if FRONTEND_WORKERS and not any(a.startswith("--frontend-workers") for a in args):
+            command.append(f"--frontend-workers={FRONTEND_WORKERS}")
         self.command = command
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(

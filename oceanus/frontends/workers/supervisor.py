@@ -92,6 +92,7 @@ class FrontendWorkers:
         self._state = state
         self._workers = [_Worker(index) for index in range(count)]
         self._last_state: dict[str, Any] = {}
+        self._started = False
         self._stopping = False
 
     async def start(self) -> None:
@@ -106,6 +107,7 @@ class FrontendWorkers:
                 raise OSError(f"a frontend worker did not start: {result!r}")
             if result:
                 raise OSError(result)
+        self._started = True
 
     async def _spawn(self, worker: _Worker) -> None:
         loop = asyncio.get_running_loop()
@@ -140,6 +142,12 @@ class FrontendWorkers:
         returncode = await asyncio.get_running_loop().run_in_executor(None, process.wait)
         if self._stopping or worker.stopping:
             return
+        if worker.hello is not None and not worker.hello.done():
+            worker.hello.set_result(
+                f"frontend worker {worker.index} exited with status {returncode} while starting"
+            )
+            if not self._started:
+                return  # the server's start fails, saying why
         log.error(
             "frontend worker %d (pid %d) exited with status %d; starting a new one",
             worker.index,
@@ -160,9 +168,6 @@ class FrontendWorkers:
             error = "it did not say hello"
         if error:
             log.error("frontend worker %d failed to restart: %s", worker.index, error)
-
-    def pids(self) -> list[int]:
-        return [w.process.pid for w in self._workers if w.process is not None]
 
     def broadcast_state(self) -> None:
         """Send the mirrored server state to every worker when it changed."""

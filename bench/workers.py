@@ -1,0 +1,221 @@
+"""Frontend worker processes (issue 16): throughput, and CPU time per request per process role.
+
+On a 2-core machine that also runs the load generator, throughput alone cannot show how far the
+work spreads, so each run also measures cost: the CPU time (user + system, /proc/<pid>/stat) of
+every server process over a fixed perf_analyzer run, divided by the requests the server counted
+(/v2/models/<m>/stats). Roles: the core process (the one started), the frontend workers (its
+`oceanus.worker` children). From the costs, a projection for a 16-core machine: the core bounds
+throughput at 1e6 / core-µs, 15 cores of frontends at 15e6 / frontend-µs.
+
+Servers with each `--frontend-workers` value are all up at once and measured in turn, each
+round, so the machine's noise hits them alike; medians over the rounds are printed and written to
+bench/results/workers-<timestamp>.json, with the batch-size histogram of `simple_dyna` per
+server (batching must not get worse with workers).
+
+    python bench/workers.py [--workers 0,2] [--repeat 3] [--window-ms 3000] [--concurrency 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+import benchlib
+import perf
+
+POINTS = (("simple", "http"), ("simple", "grpc"), ("simple_dyna", "http"))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def worker_pids(core_pid: int) -> list[int]:
+    """The core's frontend worker children (python -m oceanus.worker)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == core_pid and b"oceanus.worker" in command:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def served(url: str, model: str) -> int:
+    return benchlib.model_stats(url, model)["inference_count"]
+
+
+def batch_histogram(url: str, model: str) -> dict[int, int]:
+    status, body = benchlib.http_get(f"http://{url}/v2/models/{model}/stats", timeout=10.0)
+    if status != 200:
+        return {}
+    histogram: dict[int, int] = {}
+    for stats in json.loads(body)["model_stats"]:
+        for entry in stats.get("batch_stats", []):
+            size = int(entry["batch_size"])
+            histogram[size] = histogram.get(size, 0) + int(entry["compute_infer"]["count"])
+    return dict(sorted(histogram.items()))
+
+
+def measure(
+    server: benchlib.Server,
+    pa: tuple[Path, dict[str, str]],
+    model: str,
+    protocol: str,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    core = server.proc.pid
+    workers = worker_pids(core)
+    url = server.http_url if protocol == "http" else server.grpc_url
+    assert url is not None
+    before_core = cpu_seconds(core)
+    before_workers = sum(cpu_seconds(pid) for pid in workers)
+    before_count = served(server.http_url, model)
+    row = perf.run_level(
+        pa[0], pa[1], model, url, args.concurrency, protocol=protocol, window_ms=args.window_ms
+    )
+    requests = served(server.http_url, model) - before_count
+    core_s = cpu_seconds(core) - before_core
+    workers_s = sum(cpu_seconds(pid) for pid in workers) - before_workers
+    result: dict[str, Any] = {
+        "infer_per_s": row.get("throughput"),
+        "p99_ms": row.get("p99_ms"),
+        "requests": requests,
+        "command": row.get("command"),
+        "error": row.get("error"),
+    }
+    if requests > 0:
+        result["core_us"] = round(core_s / requests * 1e6, 1)
+        result["frontend_us"] = round(workers_s / requests * 1e6, 1)
+        result["total_us"] = round((core_s + workers_s) / requests * 1e6, 1)
+        core_bound = 1e6 / result["core_us"] if result["core_us"] else float("inf")
+        if workers:
+            frontend_bound = 15e6 / result["frontend_us"] if result["frontend_us"] else 0.0
+            result["projected_16_cores"] = round(min(core_bound, frontend_bound))
+        else:  # one process does everything: it is the bound
+            result["projected_16_cores"] = round(core_bound)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", default="0,2", help="--frontend-workers values")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--window-ms", type=int, default=3000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    args = parser.parse_args()
+    pa = perf.find_perf_analyzer()
+    if pa is None:
+        print("perf_analyzer not found: run scripts/install_perf_analyzer.sh", file=sys.stderr)
+        return 1
+    counts = [int(c) for c in args.workers.split(",")]
+    repository = benchlib.example_repository(sorted({model for model, _ in POINTS}))
+    log_dir = benchlib.RESULTS_DIR / f"workers-{time.strftime('%Y%m%d-%H%M%S')}-logs"
+    load_before = benchlib.loadavg()
+    rows: dict[str, list[dict[str, Any]]] = {}
+    histograms: dict[str, dict[int, int]] = {}
+    with contextlib.ExitStack() as stack:
+        servers = {
+            count: stack.enter_context(
+                benchlib.oceanus_server(
+                    repository,
+                    log_dir,
+                    tag=f"workers{count}",
+                    extra=[f"--frontend-workers={count}"],
+                )
+            )
+            for count in counts
+        }
+        for round_index in range(args.repeat):
+            for model, protocol in POINTS:
+                for count, server in servers.items():
+                    key = f"{model}/{protocol}/workers={count}"
+                    result = measure(server, pa, model, protocol, args)
+                    rows.setdefault(key, []).append(result)
+                    print(
+                        f"round {round_index + 1} {key}: {result.get('infer_per_s')} infer/s, "
+                        f"core {result.get('core_us')} us, frontends {result.get('frontend_us')} us"
+                    )
+        for count, server in servers.items():
+            histograms[f"workers={count}"] = batch_histogram(server.http_url, "simple_dyna")
+    medians: dict[str, dict[str, Any]] = {}
+    for key, results in rows.items():
+        medians[key] = {
+            field: benchlib.median([r[field] for r in results if r.get(field) is not None])
+            if any(r.get(field) is not None for r in results)
+            else None
+            for field in (
+                "infer_per_s",
+                "p99_ms",
+                "core_us",
+                "frontend_us",
+                "total_us",
+                "projected_16_cores",
+            )
+        }
+    table_rows = []
+    for key, median in medians.items():
+        model, protocol, workers = key.split("/")
+        base = medians.get(f"{model}/{protocol}/workers=0", {}).get("infer_per_s")
+        ratio = (median["infer_per_s"] / base) if base and median["infer_per_s"] else None
+        table_rows.append(
+            [
+                model,
+                protocol,
+                workers.split("=")[1],
+                benchlib.fmt_num(median["infer_per_s"]),
+                benchlib.fmt_num(ratio, 2),
+                benchlib.fmt_num(median["p99_ms"], 2),
+                benchlib.fmt_num(median["core_us"]),
+                benchlib.fmt_num(median["frontend_us"]),
+                benchlib.fmt_num(median["total_us"]),
+                benchlib.fmt_num(median["projected_16_cores"], 0),
+            ]
+        )
+    print(
+        benchlib.table(
+            [
+                "model",
+                "protocol",
+                "workers",
+                "infer/s",
+                "x workers=0",
+                "p99 ms",
+                "core us/req",
+                "frontends us/req",
+                "all us/req",
+                "16-core projection",
+            ],
+            table_rows,
+        )
+    )
+    for name, histogram in histograms.items():
+        total = sum(histogram.values())
+        mean = sum(size * n for size, n in histogram.items()) / total if total else 0.0
+        print(f"simple_dyna batches, {name}: mean {mean:.2f}, {histogram}")
+    benchlib.write_side_by_side(
+        "workers", args, load_before, medians=medians, rounds=rows, batch_histograms=histograms
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

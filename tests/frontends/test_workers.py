@@ -1,0 +1,297 @@
+"""Frontend worker processes (`--frontend-workers`): what only exists with several processes.
+
+Every other end-to-end test already runs with the default workers (`auto`; scripts/test.sh also
+runs tests/frontends with `--frontend-workers 0`). Here: the worker/core message codec, batches
+forming across requests that came through different workers, a worker dying and being replaced
+while the other's clients see nothing, the core dying taking the workers with it, and draining.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from oceanus.core.shared_memory import Region
+from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
+from oceanus.frontends.workers import messages as m
+from oceanus.frontends.workers.supervisor import claim_port
+
+# ---- the message codec (in-process) ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("datatype", "array"),
+    [
+        ("INT32", np.arange(6, dtype=np.int32).reshape(2, 3)),
+        ("FP16", np.linspace(0, 1, 4, dtype=np.float16)),
+        ("BOOL", np.array([True, False, True])),
+        ("UINT64", np.array([2**64 - 1, 0], dtype=np.uint64)),
+        ("BYTES", np.array([b"a", b"", b"\x00\xff"], dtype=object)),
+    ],
+)
+def test_a_request_and_its_response_cross_unchanged(datatype: str, array: np.ndarray) -> None:
+    request = InferRequest(
+        "model",
+        "3",
+        "id-1",
+        inputs=[Tensor("IN", datatype, array.shape, array, {"p": 1})],
+        outputs=[RequestedOutput("OUT", {"binary_data": True})],
+        parameters={"priority": 2, "key": "value"},
+    )
+    fields = m.encode_request(request)
+    decoded = m.decode_request(fields)
+    assert (decoded.model_name, decoded.model_version, decoded.id) == ("model", "3", "id-1")
+    assert decoded.parameters == {"priority": 2, "key": "value"}
+    assert decoded.received_ns == request.received_ns
+    tensor = decoded.inputs[0]
+    assert (tensor.name, tensor.datatype, tensor.shape, tensor.parameters) == (
+        "IN",
+        datatype,
+        array.shape,
+        {"p": 1},
+    )
+    assert tensor.data.tolist() == array.reshape(-1).tolist()
+    assert decoded.outputs == [RequestedOutput("OUT", {"binary_data": True})]
+
+    response = InferResponse("model", "3", "id-1", [Tensor("OUT", datatype, array.shape, array)])
+    back = m.decode_response(m.encode_response(response), request)
+    assert back.outputs[0].data.shape == array.shape
+    assert back.outputs[0].data.tolist() == array.tolist()
+    assert back.requested == {"OUT": request.outputs[0]}  # type: ignore[index]
+
+
+def test_requests_only_the_core_can_carry_are_refused_by_the_codec() -> None:
+    plain = np.zeros(2, dtype=np.int32)
+    with pytest.raises(m.NeedsCore):  # a datatype the core's validation would have to convert
+        m.encode_request(
+            InferRequest("m", inputs=[Tensor("X", "INT32", (2,), plain.astype(np.int64))])
+        )
+    with pytest.raises(m.NeedsCore):  # str elements: the core must see them as str
+        text = np.array(["a"], dtype=object)
+        m.encode_request(InferRequest("m", inputs=[Tensor("X", "BYTES", (1,), text)]))
+    with pytest.raises(m.NeedsCore):  # shared memory regions live in the core
+        uses = InferRequest("m", inputs=[Tensor("X", "INT32", (2,), plain)])
+        uses.shm_regions = [object()]  # type: ignore[list-item]
+        m.encode_request(uses)
+    from oceanus.frontends.workers.handlers import CORE_REGIONS
+
+    with pytest.raises(m.NeedsCore):
+        CORE_REGIONS.input_view("region", 0, 8, list[Region]())
+
+
+def test_a_port_in_use_cannot_be_claimed(server: Any) -> None:
+    with pytest.raises(OSError):
+        claim_port("127.0.0.1", server.http_port)
+    assert claim_port("127.0.0.1", 0) > 0
+
+
+# ---- several processes ----------------------------------------------------------------------
+
+
+def _worker_pids(core_pid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if parent == core_pid and b"oceanus.worker" in command:
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def _wait_for(condition: Any, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def _simple_body(value: int) -> bytes:
+    data = [value] * 16
+    return json.dumps(
+        {
+            "id": f"r{value}",
+            "inputs": [
+                {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": data},
+                {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": data},
+            ],
+        }
+    ).encode()
+
+
+def _post(port: int, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.request("POST", path, body)
+    response = connection.getresponse()
+    return response.status, json.loads(response.read() or b"{}")
+
+
+def test_batches_form_across_requests_from_different_workers(
+    model_repository: Path, launch: Any
+) -> None:
+    """Eight requests on eight connections, held until all eight are queued
+    (TRITONSERVER_DELAY_SCHEDULER): one batch of eight, whichever worker each arrived by. The
+    verbose log names the process (its pid) that decoded each request."""
+    server = launch(
+        [model_repository],
+        ["--frontend-workers=2", "--log-verbose=1"],
+        env={"TRITONSERVER_DELAY_SCHEDULER": "8"},
+    )
+    workers = set(_worker_pids(server.process.pid))
+    assert len(workers) == 2
+    results: list[tuple[int, dict[str, Any]]] = []
+
+    def send(value: int) -> None:
+        results.append(_post(server.http_port, "/v2/models/simple_dyna/infer", _simple_body(value)))
+
+    threads = [threading.Thread(target=send, args=(v,)) for v in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(r[1]["outputs"][0]["data"][0] for r in results) == [2 * v for v in range(8)]
+    stats = httpclient.InferenceServerClient(server.http_url).get_inference_statistics(
+        "simple_dyna"
+    )["model_stats"][0]
+    sizes = {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
+    assert sizes == {8: 1}
+    decoded_by = {
+        int(pid)
+        for pid in re.findall(
+            r"^I\S+ \S+ (\d+) app.py:\d+\] HTTP infer request 'r\d' for 'simple_dyna'",
+            server.log(),
+            re.M,
+        )
+    }
+    assert decoded_by <= workers and decoded_by  # decoded in the workers, not in the core
+
+
+def test_a_dead_worker_is_replaced_and_the_others_clients_see_nothing(
+    model_repository: Path, launch: Any
+) -> None:
+    """Keep-alive connections served by one worker go on without an error while the other
+    worker is killed and replaced (the verbose log tells which worker decoded which request)."""
+    server = launch([model_repository], ["--frontend-workers=2", "--log-verbose=1"])
+    before = _worker_pids(server.process.pid)
+    assert len(before) == 2
+    connections = [http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)]
+    connections += [
+        http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30) for _ in range(5)
+    ]
+
+    def infer(connection: http.client.HTTPConnection, value: int) -> int:
+        connection.request("POST", "/v2/models/simple/infer", _simple_body(value))
+        response = connection.getresponse()
+        assert json.loads(response.read())["outputs"][0]["data"][0] == 2 * value
+        return response.status
+
+    for index, connection in enumerate(connections):
+        assert infer(connection, index) == 200
+    served_by = {
+        int(value): int(pid)
+        for pid, value in re.findall(
+            r"^I\S+ \S+ (\d+) app.py:\d+\] HTTP infer request 'r(\d)'", server.log(), re.M
+        )
+    }
+    survivor = served_by[0]
+    victim = next(pid for pid in before if pid != survivor)
+    mine = [connections[i] for i, pid in served_by.items() if pid == survivor]
+    os.kill(victim, signal.SIGKILL)
+    for round_index in range(20):  # while the victim dies and its replacement starts
+        for connection in mine:
+            assert infer(connection, round_index % 8) == 200
+    after = _wait_for(
+        lambda: (
+            (pids := _worker_pids(server.process.pid))
+            and len(pids) == 2
+            and victim not in pids
+            and pids
+        )
+    )
+    assert survivor in after
+    assert "exited with status -9; starting a new one" in server.log()
+    fresh = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+    assert infer(fresh, 3) == 200
+
+
+def test_the_workers_stop_when_the_core_dies(model_repository: Path, launch: Any) -> None:
+    """No half-alive server: without its core process a worker stops listening and exits."""
+    server = launch([model_repository], ["--frontend-workers=2"])
+    workers = _worker_pids(server.process.pid)
+    os.kill(server.process.pid, signal.SIGKILL)
+    server.process.wait()
+
+    def all_gone() -> bool:
+        return not any(Path(f"/proc/{pid}").exists() for pid in workers)
+
+    _wait_for(all_gone, timeout=10)
+    with pytest.raises(OSError):
+        http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=2).request(
+            "GET", "/v2/health/live"
+        )
+
+
+def _arrived(server: Any, model: str) -> float:
+    """Requests the core has taken for `model`: pending (queued or executing) plus answered."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.metrics_port, timeout=5)
+    connection.request("GET", "/metrics")
+    text = connection.getresponse().read().decode()
+    total = 0.0
+    for family in ("nv_inference_pending_request_count", "nv_inference_request_success"):
+        found = re.search(rf'^{family}{{model="{model}",version="1"}} (\S+)$', text, re.M)
+        total += float(found.group(1)) if found else 0.0
+    return total
+
+
+def test_sigterm_drains_the_workers(model_repository: Path, launch: Any) -> None:
+    """Requests in flight when SIGTERM comes are answered; the server then exits 0."""
+    server = launch([model_repository], ["--frontend-workers=2"])
+    answers: list[int] = []
+    body = json.dumps(
+        {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": [0.5] * 16}]}
+    ).encode()
+
+    def slow() -> None:
+        answers.append(_post(server.http_port, "/v2/models/slow_fp32/infer", body)[0])
+
+    threads = [threading.Thread(target=slow) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    # slow_fp32 runs one ~30 ms request at a time: SIGTERM once all four reached the core.
+    _wait_for(lambda: _arrived(server, "slow_fp32") >= 4, timeout=10)
+    server.process.send_signal(signal.SIGTERM)
+    for thread in threads:
+        thread.join()
+    assert answers == [200] * 4
+    assert server.process.wait(30) == 0
+
+
+def test_a_bad_worker_count_is_refused() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "oceanus", "--frontend-workers=x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "--frontend-workers" in result.stderr
