@@ -10,7 +10,8 @@ throughput at 1e6 / core-µs, 15 cores of frontends at 15e6 / frontend-µs.
 Servers with each `--frontend-workers` value are all up at once and measured in turn, each
 round, so the machine's noise hits them alike; medians over the rounds are printed and written to
 bench/results/workers-<timestamp>.json, with the batch-size histogram of `simple_dyna` per
-server (batching must not get worse with workers).
+server (batching must not get worse with workers). Beside them, gRPC's floor: bench/grpc_echo.py
+(a grpc.aio server answering a precomputed response) in 1 and 2 processes.
 
     python bench/workers.py [--workers 0,2] [--repeat 3] [--window-ms 3000] [--concurrency 16]
 """
@@ -21,6 +22,8 @@ import argparse
 import contextlib
 import json
 import os
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -115,6 +118,35 @@ def measure(
     return result
 
 
+@contextlib.contextmanager
+def echo_server(processes: int, log_dir: Path) -> Any:
+    """bench/grpc_echo.py on a free port; yields its gRPC url."""
+    port = benchlib.free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with (log_dir / f"echo{processes}.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(benchlib.BENCH_DIR / "grpc_echo.py"),
+                "--port",
+                str(port),
+                "--processes",
+                str(processes),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        benchlib.stop_process(proc)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="0,2", help="--frontend-workers values")
@@ -144,7 +176,21 @@ def main() -> int:
             )
             for count in counts
         }
+        echoes = {n: stack.enter_context(echo_server(n, log_dir)) for n in (1, 2)}
         for round_index in range(args.repeat):
+            for processes, url in echoes.items():
+                row = perf.run_level(
+                    pa[0],
+                    pa[1],
+                    "simple",
+                    url,
+                    args.concurrency,
+                    protocol="grpc",
+                    window_ms=args.window_ms,
+                )
+                key = f"grpc-echo/processes={processes}"
+                rows.setdefault(key, []).append({"infer_per_s": row.get("throughput")})
+                print(f"round {round_index + 1} {key}: {row.get('throughput')} infer/s")
             for model, protocol in POINTS:
                 for count, server in servers.items():
                     key = f"{model}/{protocol}/workers={count}"
@@ -173,6 +219,8 @@ def main() -> int:
         }
     table_rows = []
     for key, median in medians.items():
+        if key.startswith("grpc-echo"):
+            continue
         model, protocol, workers = key.split("/")
         base = medians.get(f"{model}/{protocol}/workers=0", {}).get("infer_per_s")
         ratio = (median["infer_per_s"] / base) if base and median["infer_per_s"] else None
@@ -207,6 +255,9 @@ def main() -> int:
             table_rows,
         )
     )
+    for key, median in medians.items():
+        if key.startswith("grpc-echo"):
+            print(f"{key}: {benchlib.fmt_num(median['infer_per_s'])} infer/s (gRPC's floor)")
     for name, histogram in histograms.items():
         total = sum(histogram.values())
         mean = sum(size * n for size, n in histogram.items()) / total if total else 0.0

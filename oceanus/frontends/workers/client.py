@@ -57,6 +57,8 @@ class _Stream:
 
 class CoreClient:
     def __init__(self) -> None:
+        # get_running_loop() costs a getpid() system call per call on Python 3.11.
+        self._loop = asyncio.get_running_loop()
         self.channel: Channel | None = None
         self._ids = itertools.count(1)
         # id -> (future, request) for infer calls, a future for the other calls, or a _Stream
@@ -99,7 +101,7 @@ class CoreClient:
         """A decoded request; raises NeedsCore when only the core can take it as it is."""
         fields = m.encode_request(request)
         call_id = next(self._ids)
-        future: asyncio.Future[InferResponse] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[InferResponse] = self._loop.create_future()
         self._calls[call_id] = (future, request)
         self._watch(call_id, future)
         self._send((m.INFER, call_id, caller, fields))
@@ -108,7 +110,7 @@ class CoreClient:
     def http(self, request: HttpRequest) -> asyncio.Future[HttpResponse]:
         """A whole HTTP request for the core's own HTTP frontend to answer."""
         call_id = next(self._ids)
-        future: asyncio.Future[HttpResponse] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[HttpResponse] = self._loop.create_future()
         self._calls[call_id] = future
         self._watch(call_id, future)
         headers = list(request.headers.items())
@@ -130,7 +132,7 @@ class CoreClient:
     async def grpc_unary(self, method: str, data: bytes, metadata: list[tuple[str, str]]) -> bytes:
         """A unary call for the core's own gRPC service; raises GrpcFailure on a non-OK status."""
         call_id = next(self._ids)
-        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[bytes] = self._loop.create_future()
         self._calls[call_id] = future
         self._watch(call_id, future)
         self._send((m.GRPC, call_id, method, data, metadata))
