@@ -174,6 +174,8 @@ class CoreLink:
         end_ns: int,
     ) -> None:
         request = HttpRequest(method, path, dict(headers), body, too_large, begin_ns, end_ns)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("a frontend worker forwarded HTTP %s %s", method, path)
         outcome = self._http.handle(request)
         if isinstance(outcome, HttpResponse):
             self._http_response(call_id, outcome)
@@ -222,6 +224,8 @@ class CoreLink:
     ) -> None:
         handler = self._grpc.get(method)
         context = ForwardedContext(metadata, lambda _: None)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("a frontend worker forwarded gRPC %s", method)
         if handler is None or handler.unary_unary is None:
             self._send((m.GRPC_ERROR, call_id, grpc.StatusCode.UNIMPLEMENTED.value[0], ""))
             return
