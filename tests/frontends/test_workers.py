@@ -92,6 +92,40 @@ def test_requests_only_the_core_can_carry_are_refused_by_the_codec() -> None:
         CORE_REGIONS.input_view("region", 0, 8, list[Region]())
 
 
+def test_the_channel_carries_many_and_big_messages_in_order() -> None:
+    """Two Channels over a real socketpair: small messages batched per wake-up and frames
+    bigger than a socket buffer arrive whole and in order, both ways."""
+    import asyncio
+    import socket
+
+    from oceanus.frontends.workers.channel import Channel
+
+    async def run() -> list[Any]:
+        left_sock, right_sock = socket.socketpair()
+        received: list[Any] = []
+        done = asyncio.Event()
+
+        def on_message(message: Any) -> None:
+            received.append(message)
+            if len(received) == 1003:
+                done.set()
+
+        left = await Channel.open(left_sock, lambda _: None, lambda: None)
+        right = await Channel.open(right_sock, on_message, lambda: None)
+        for index in range(1000):
+            left.send((1, index))
+        for size in (3 << 20, 5, 700_001):
+            left.send((2, b"x" * size))
+        await asyncio.wait_for(done.wait(), 30)
+        left.close()
+        right.close()
+        return received
+
+    received = asyncio.run(run())
+    assert received[:1000] == [(1, index) for index in range(1000)]
+    assert [len(message[1]) for message in received[1000:]] == [3 << 20, 5, 700_001]
+
+
 def test_a_port_in_use_cannot_be_claimed(server: Any) -> None:
     with pytest.raises(OSError):
         claim_port("127.0.0.1", server.http_port)

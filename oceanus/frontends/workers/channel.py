@@ -30,6 +30,7 @@ class Channel(asyncio.Protocol):
         self._outgoing: list[bytes] = []
         self._flush_scheduled = False
         self._incoming = bytearray()
+        self._needed = 4
         self._loop = asyncio.get_running_loop()
         self.closed = False
 
@@ -72,6 +73,8 @@ class Channel(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._incoming:
             self._incoming += data
+            if len(self._incoming) < self._needed:
+                return  # a big frame still arriving: no copy until it is whole
             data = bytes(self._incoming)
         offset, end = 0, len(data)
         on_message = self._on_message
@@ -85,7 +88,11 @@ class Channel(asyncio.Protocol):
                 offset += 4 + length
                 on_message(message)
         finally:
-            self._incoming = bytearray(data[offset:]) if offset < end else bytearray()
+            rest = end - offset
+            self._incoming = bytearray(view[offset:]) if rest else bytearray()
+            # The bytes the first incomplete frame needs before it is worth decoding.
+            self._needed = 4 + _LENGTH.unpack_from(data, offset)[0] if rest >= 4 else 4
+            view.release()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
