@@ -46,6 +46,17 @@ STREAM_DONE = 31  # (STREAM_DONE, id, status code value or 0, details)
 DRAIN = 32  # (DRAIN,): stop accepting connections, finish what is in flight, exit
 
 
+# Below this size a tensor's bytes are copied out (`tobytes`, one C call); above it a view
+# saves the copy that marshal makes anyway.
+_VIEW_BYTES = 64 * 1024
+
+
+def _raw(array: np.ndarray) -> Any:
+    if array.nbytes < _VIEW_BYTES:
+        return array.tobytes()
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+
+
 class NeedsCore(Exception):
     """Raised while a worker decodes a request it must forward to the core undecoded."""
 
@@ -65,7 +76,7 @@ def _tensor_fields(tensor: Tensor) -> tuple[Any, ...]:
     elif data.dtype != datatype.dtype:
         raise NeedsCore  # the core's validation would see this dtype: let it
     else:
-        payload = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
+        payload = _raw(data)
     return (tensor.name, tensor.datatype, tensor.shape, payload, tensor.parameters or None)
 
 
@@ -100,9 +111,7 @@ def decode_request(fields: tuple[Any, ...]) -> InferRequest:
             data = bytes_elements(tensor_name, payload)
         else:
             data = np.frombuffer(payload, dtype=datatype.dtype)
-        tensors.append(
-            Tensor(tensor_name, datatype_name, tuple(shape), data, tensor_parameters or {})
-        )
+        tensors.append(Tensor(tensor_name, datatype_name, shape, data, tensor_parameters or {}))
     requested = None
     if outputs is not None:
         requested = [RequestedOutput(n, p or {}) for n, p in outputs]
@@ -128,15 +137,11 @@ def encode_response(response: InferResponse) -> tuple[Any, ...]:
             payload: Any = datatypes.serialize_bytes(data)
             dtype = ""
         else:
-            contiguous = np.ascontiguousarray(data)
-            payload = contiguous.reshape(-1).view(np.uint8).data
+            payload = _raw(data)
             # Usually the datatype's own dtype; a Python model may answer in another one.
-            dtype = (
-                ""
-                if contiguous.dtype == datatypes.BY_NAME[tensor.datatype].dtype
-                else (contiguous.dtype.str)
-            )
-        outputs.append((tensor.name, tensor.datatype, tuple(data.shape), payload, dtype))
+            same = data.dtype == datatypes.BY_NAME[tensor.datatype].dtype
+            dtype = "" if same else data.dtype.str
+        outputs.append((tensor.name, tensor.datatype, data.shape, payload, dtype))
     return (
         response.model_name,
         response.model_version,
