@@ -125,10 +125,14 @@ class Server:
             log.info("stopping: waiting for in-flight requests")
             core.stop_accepting()
         finally:
-            await self._stop_http()
-            await self._stop_grpc()
+            # Both frontends drain at once, within one --exit-timeout-secs; metrics stay up
+            # until they are done, so the drain can be watched.
+            drained = await asyncio.gather(self._stop_http(), self._stop_grpc())
             await self._stop_metrics()
             await core.shutdown()
+        if not all(drained):
+            log.error("Exit timeout expired. Exiting immediately.")  # Triton's words, and exit 1
+            return 1
         return 0
 
     def _log_models(self) -> None:
@@ -161,9 +165,11 @@ class Server:
             ) from None
         log.info("Started HTTPService at %s:%d", settings.http_address, settings.http_port)
 
-    async def _stop_http(self) -> None:
-        if self._http is not None:
-            await self._http.stop(self.settings.exit_timeout_secs)
+    async def _stop_http(self) -> bool:
+        """Drain HTTP; whether every request received was answered in time."""
+        if self._http is None:
+            return True
+        return await self._http.stop(self.settings.exit_timeout_secs)
 
     async def _start_grpc(self, core: ServerCore) -> None:
         settings = self.settings
@@ -196,11 +202,12 @@ class Server:
             raise SystemExit(str(exc)) from None
         log.info("Started GRPCInferenceService at %s", options.endpoint)
 
-    async def _stop_grpc(self) -> None:
+    async def _stop_grpc(self) -> bool:
         if self._grpc is None:
-            return
+            return True
         await self._grpc.stop(self.settings.exit_timeout_secs)
         self._grpc = None
+        return True
 
     async def _start_metrics(self, core: ServerCore) -> None:
         settings = self.settings

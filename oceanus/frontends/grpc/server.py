@@ -120,7 +120,9 @@ class GrpcFrontend:
         self._server = server
 
     async def stop(self, grace: float | None = None) -> None:
-        """Stop accepting RPCs; in-flight ones get `grace` seconds to finish."""
+        """Stop accepting RPCs; in-flight ones get `grace` seconds to finish, and open streams
+        end once they have answered every request they sent."""
+        self.service.draining.set()
         if self._server is None:
             return
         server, self._server = self._server, None
