@@ -196,7 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="API groups (health, metadata, inference, shared-memory, model-config, "
         "model-repository, statistics, trace, logging) that need the header '<key>: <value>'",
     )
-    add("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
+    # Triton reads the mode case-insensitively (charts pass --model-control-mode=POLL).
+    add(
+        "--model-control-mode",
+        type=str.lower,
+        choices=("none", "poll", "explicit"),
+        default="none",
+    )
     add("--load-model", dest="load_models", action="append", default=[])
     add("--repository-poll-secs", type=parse_nonnegative, default=15)
     add("--model-load-thread-count", type=parse_nonnegative, default=4)

@@ -161,12 +161,17 @@ class Server:
             log.info("stopping: waiting for in-flight requests")
             core.stop_accepting()
         finally:
-            if self._workers is not None:
-                await self._workers.stop(settings.exit_timeout_secs)
-            await self._stop_http()
-            await self._stop_grpc()
+            # The frontends (in-process or in the workers) drain at once, within one
+            # --exit-timeout-secs; metrics stay up until they are done, so the drain can be
+            # watched.
+            drained = await asyncio.gather(
+                self._stop_http(), self._stop_grpc(), self._stop_workers()
+            )
             await self._stop_metrics()
             await core.shutdown()
+        if not all(drained):
+            log.error("Exit timeout expired. Exiting immediately.")  # Triton's words, and exit 1
+            return 1
         return 0
 
     def _log_models(self) -> None:
@@ -199,9 +204,11 @@ class Server:
             ) from None
         log.info("Started HTTPService at %s:%d", settings.http_address, settings.http_port)
 
-    async def _stop_http(self) -> None:
-        if self._http is not None:
-            await self._http.stop(self.settings.exit_timeout_secs)
+    async def _stop_http(self) -> bool:
+        """Drain HTTP; whether every request received was answered in time."""
+        if self._http is None:
+            return True
+        return await self._http.stop(self.settings.exit_timeout_secs)
 
     async def _start_grpc(self, core: ServerCore) -> None:
         settings = self.settings
@@ -267,11 +274,18 @@ class Server:
                 ) from None
         return dataclasses.replace(settings, http_port=http_port, grpc_port=grpc_port)
 
-    async def _stop_grpc(self) -> None:
+    async def _stop_grpc(self) -> bool:
         if self._grpc is None:
-            return
+            return True
         await self._grpc.stop(self.settings.exit_timeout_secs)
         self._grpc = None
+        return True
+
+    async def _stop_workers(self) -> bool:
+        """Drain the worker processes; whether each finished its requests in time."""
+        if self._workers is None:
+            return True
+        return await self._workers.stop(self.settings.exit_timeout_secs)
 
     async def _start_metrics(self, core: ServerCore) -> None:
         settings = self.settings

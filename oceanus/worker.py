@@ -100,13 +100,24 @@ class _Worker:
             return 1
         log.info("frontend worker %d: draining", self.index)
         timeout = settings.exit_timeout_secs
-        if http is not None:
-            await http.stop(timeout)
-        if grpc is not None:
-            await grpc.stop(timeout)
+        # HTTP and gRPC drain at once; exit status 1 tells the core a request was cut off.
+        drained = await asyncio.gather(
+            http.stop(timeout) if http is not None else _done(),
+            _stop_grpc(grpc, timeout),
+        )
         channel.close()
         log.info("frontend worker %d: stopped", self.index)
-        return 0
+        return 0 if all(drained) else 1
+
+
+async def _done() -> bool:
+    return True
+
+
+async def _stop_grpc(grpc: GrpcFrontend | None, timeout: float) -> bool:
+    if grpc is not None:
+        await grpc.stop(timeout)
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -43,6 +43,17 @@ class ServerProcess:
         self.grpc_port = free_port()
         self.metrics_port = free_port()
         self.log_path = (log_dir or Path("/tmp")) / f"oceanus-{self.http_port}.log"
+        self.command = command = self.command_line(repositories, args)
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            command,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+
+    def command_line(self, repositories: Sequence[Path | str], args: Sequence[str]) -> list[str]:
+        """The server's command (subclasses run other launch lines)."""
         command = [sys.executable, "-m", "oceanus"]
         for repository in repositories:
             command.append(f"--model-repository={repository}")
@@ -57,14 +68,7 @@ class ServerProcess:
         ]
         if FRONTEND_WORKERS and not any(a.startswith("--frontend-workers") for a in args):
             command.append(f"--frontend-workers={FRONTEND_WORKERS}")
-        self.command = command
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(
-            command,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-        )
+        return command
 
     @property
     def http_url(self) -> str:

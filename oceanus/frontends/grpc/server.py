@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +85,9 @@ class GrpcOptions:
 class Servicer(Protocol):
     """What serves the RPCs: the in-process GrpcService, or a frontend worker's handlers."""
 
+    # Set on shutdown: open streams answer what they have received, then end.
+    draining: asyncio.Event
+
     def method_handlers(self) -> dict[str, grpc.RpcMethodHandler]: ...
 
     def health_handlers(self) -> dict[str, grpc.RpcMethodHandler]: ...
@@ -124,7 +128,9 @@ class GrpcFrontend:
         self._server = server
 
     async def stop(self, grace: float | None = None) -> None:
-        """Stop accepting RPCs; in-flight ones get `grace` seconds to finish."""
+        """Stop accepting RPCs; in-flight ones get `grace` seconds to finish, and open streams
+        end once they have answered every request they sent."""
+        self.service.draining.set()
         if self._server is None:
             return
         server, self._server = self._server, None

@@ -117,6 +117,8 @@ class GrpcService:
         self.core = core
         self.restrictions = restrictions or {}
         self.log_settings = log_settings  # the server's live settings; None: LogSettings is off
+        # Set on shutdown: open streams answer what they have received, then end.
+        self.draining = asyncio.Event()
 
     # ---- health and metadata ----------------------------------------------------------------
 
@@ -356,18 +358,27 @@ class GrpcService:
         outbox: Outbox = asyncio.Queue()
         pending: set[asyncio.Future[Any]] = set()
         writer = asyncio.ensure_future(_write_all(outbox, context))
+        reader = asyncio.ensure_future(self._read_stream(requests, outbox, pending))
+        drain = asyncio.ensure_future(self.draining.wait())
         try:
-            async for data in requests:
-                self._stream_request(data, outbox, pending)
+            await asyncio.wait([reader, drain], return_when=asyncio.FIRST_COMPLETED)
+            if reader.done():
+                reader.result()
             while pending:
                 await asyncio.wait(list(pending))
             outbox.put_nowait(None)
             await writer
         finally:
-            for future in pending:
+            for future in (*pending, reader, drain):
                 future.cancel()
             if not writer.done():
                 writer.cancel()
+
+    async def _read_stream(
+        self, requests: AsyncIterator[bytes], outbox: Outbox, pending: set[asyncio.Future[Any]]
+    ) -> None:
+        async for data in requests:
+            self._stream_request(data, outbox, pending)
 
     def _stream_request(
         self, data: bytes, outbox: Outbox, pending: set[asyncio.Future[Any]]

@@ -30,6 +30,10 @@ Headers = list[tuple[bytes, bytes]]
 
 _REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# After the last response on a connection we send FIN and wait this long for the client's own
+# close before closing: closing a socket that holds unread bytes sends a reset, and a reset can
+# destroy a response the client has not read yet.
+LINGER_S = 2.0
 
 
 @dataclass(slots=True)
@@ -96,14 +100,23 @@ def encode_response(response: HttpResponse, keep_alive: bool, chunked: bool = Fa
     return b"".join(parts)
 
 
+class Connections(set["HttpProtocol"]):
+    """The open connections, and whether the server is draining (shutting down gracefully)."""
+
+    draining = False
+
+
 class HttpProtocol(asyncio.Protocol):
-    """One client connection. Requests on it are answered in order (HTTP/1.1 pipelining)."""
+    """One client connection. Requests on it are answered in order (HTTP/1.1 pipelining).
+
+    While the server drains, every request already received is answered, the last one on the
+    connection with `Connection: close`, and then the connection closes."""
 
     def __init__(
         self,
         handler: Handler,
         max_body: int,
-        connections: set[HttpProtocol],
+        connections: Connections,
         busy_poll: BusyPoll | None = None,
     ) -> None:
         self._handler = handler
@@ -121,6 +134,7 @@ class HttpProtocol(asyncio.Protocol):
         self._waiting: deque[tuple[HttpRequest, bool]] = deque()
         self._current: Pending | None = None
         self._closing = False
+        self._linger: asyncio.TimerHandle | None = None
 
     # ---- asyncio.Protocol -------------------------------------------------------------------
 
@@ -131,12 +145,16 @@ class HttpProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._connections.discard(self)
         self._closing = True
+        if self._linger is not None:
+            self._linger.cancel()
         self._waiting.clear()
         if self._current is not None and not self._current.future.done():
             self._current.future.cancel()  # a queued request leaves its queue
         self._current = None
 
     def data_received(self, data: bytes) -> None:
+        if self._closing:  # sent after our `Connection: close` answer: not for us to read
+            return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -149,8 +167,24 @@ class HttpProtocol(asyncio.Protocol):
         return self._current is None and not self._waiting
 
     def close(self) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.close()
+        """Close now: gracefully when idle, cutting the request short when busy."""
+        if self._transport is None or self._transport.is_closing():
+            return
+        if self.idle:
+            self._close_gracefully()
+        else:
+            self._transport.abort()
+
+    def _close_gracefully(self) -> None:
+        self._closing = True
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()  # sent once the buffered responses are out
+        self._linger = asyncio.get_running_loop().call_later(LINGER_S, transport.close)
 
     # ---- httptools callbacks ----------------------------------------------------------------
 
@@ -246,6 +280,8 @@ class HttpProtocol(asyncio.Protocol):
             task = asyncio.ensure_future(self._stream(Streamed(_parts(response)), keep_alive))
             self._current = Pending(task, _no_finish)  # closing the connection cancels it
             return
+        if self._connections.draining and not self._waiting:
+            keep_alive = False  # the last answer on this connection: the client must reconnect
         if response.on_sent is None:
             transport.write(encode_response(response, keep_alive))
         else:
@@ -258,10 +294,8 @@ class HttpProtocol(asyncio.Protocol):
 
     def _next(self, keep_alive: bool) -> None:
         """A response is out: close, or serve the next pipelined request."""
-        if not keep_alive:
-            assert self._transport is not None
-            self._transport.close()
-            self._closing = True
+        if not keep_alive or (self._connections.draining and not self._waiting):
+            self._close_gracefully()
             return
         if self._waiting:
             request, next_keep_alive = self._waiting.popleft()
@@ -274,6 +308,7 @@ class HttpProtocol(asyncio.Protocol):
         try:
             head = await anext(parts)
             assert isinstance(head, HttpResponse)
+            keep_alive = keep_alive and not self._connections.draining
             transport.write(encode_response(head, keep_alive, chunked=True))
             async for chunk in parts:
                 if chunk and not transport.is_closing():
@@ -328,7 +363,7 @@ class HttpServer:
         self._max_body = max_body
         self._busy_poll_us = busy_poll_us
         self.busy_poll: BusyPoll | None = None
-        self._connections: set[HttpProtocol] = set()
+        self._connections = Connections()
         self._server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int, reuse_port: bool = False) -> None:
@@ -352,16 +387,24 @@ class HttpServer:
         assert self._server is not None
         return int(self._server.sockets[0].getsockname()[1])
 
-    async def stop(self, timeout_s: float) -> None:
-        """Stop accepting, let in-flight requests finish (up to timeout_s), close the rest."""
+    async def stop(self, timeout_s: float) -> bool:
+        """Drain: stop listening, answer every request already received (each connection's last
+        answer says `Connection: close`), close idle connections gracefully. Returns whether
+        everything finished within timeout_s; what has not is then cut off."""
+        loop = asyncio.get_running_loop()
+        self._connections.draining = True
         if self._server is not None:
             self._server.close()
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while any(not c.idle for c in self._connections):
-            if asyncio.get_running_loop().time() > deadline:
-                break
+        deadline = loop.time() + timeout_s
+        while any(not c.idle for c in self._connections) and loop.time() < deadline:
             await asyncio.sleep(0.01)
+        finished = all(c.idle for c in self._connections)
         for connection in list(self._connections):
             connection.close()
+        # Let the lingering closes end (each within LINGER_S), so their last bytes go out.
+        linger_deadline = loop.time() + LINGER_S + 0.5
+        while self._connections and loop.time() < linger_deadline:
+            await asyncio.sleep(0.01)
         if self._server is not None:
             await self._server.wait_closed()
+        return finished

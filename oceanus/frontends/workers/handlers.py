@@ -99,6 +99,8 @@ class WorkerGrpc:
     ) -> None:
         self._client = client
         self._restrictions = restrictions or {}
+        # Set on shutdown: open streams stop taking requests, answer the ones they have, end.
+        self.draining = asyncio.Event()
 
     def _forwarding(self, method: str) -> Any:
         client = self._client
@@ -135,9 +137,18 @@ class WorkerGrpc:
         async def pump() -> None:
             async for data in requests:
                 client.stream_send(call_id, data)
-            client.stream_send(call_id, None)
 
-        pumping = asyncio.ensure_future(pump())
+        async def pump_until_draining() -> None:
+            reading = asyncio.ensure_future(pump())
+            draining = asyncio.ensure_future(self.draining.wait())
+            try:
+                await asyncio.wait([reading, draining], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                reading.cancel()
+                draining.cancel()
+            client.stream_send(call_id, None)  # the core answers what it has, then ends
+
+        pumping = asyncio.ensure_future(pump_until_draining())
         try:
             async for data in responses:
                 await context.write(data)

@@ -179,8 +179,10 @@ class FrontendWorkers:
             if worker.link is not None and worker.link.channel is not None:
                 worker.link.channel.send((m.STATE, state))
 
-    async def stop(self, timeout_s: float) -> None:
-        """Drain: every worker stops accepting, finishes what it has (up to `timeout_s`), exits."""
+    async def stop(self, timeout_s: float) -> bool:
+        """Drain: every worker stops accepting, finishes what it has (up to `timeout_s`), exits.
+        Returns whether every worker finished its requests in time (exit status 0)."""
+        drained = True
         self._stopping = True
         for worker in self._workers:
             worker.stopping = True
@@ -197,9 +199,11 @@ class FrontendWorkers:
                 log.warning("frontend worker %d did not stop in time; killing it", worker.index)
                 process.kill()
                 await asyncio.get_running_loop().run_in_executor(None, process.wait)
+            drained = drained and process.returncode == 0
             if worker.watcher is not None:
                 worker.watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await worker.watcher
             if worker.link is not None and worker.link.channel is not None:
                 worker.link.channel.close()
+        return drained
