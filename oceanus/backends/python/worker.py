@@ -30,6 +30,9 @@ from typing import Any
 
 from oceanus.backends.python import transport as tp
 from oceanus.backends.python import utils as pb
+from oceanus.backends.python.pb import metrics, runtime
+from oceanus.backends.python.pb.requests import ResponseIterator
+from oceanus.backends.python.pb.types import ERROR_CODE_NAMES, ERROR_CODES_BY_NAME
 
 # The standby reader takes over reading after the socket went unread this long (the main thread
 # reads it whenever it waits for the next batch or for an answer).
@@ -67,7 +70,7 @@ def _is_plumbing(filename: str) -> bool:
     return filename.startswith("<frozen") or os.path.abspath(filename).startswith(_PLUMBING)
 
 
-class Worker(pb._Runtime):
+class Worker(runtime.Runtime):
     def __init__(self, channel: tp.Channel) -> None:
         self.channel = channel
         # Batches (and FINALIZE) for the main thread; read by whichever thread reads the socket.
@@ -120,7 +123,7 @@ class Worker(pb._Runtime):
         _, bls_id, loc, payload, final = message
         target = self._bls.get(bls_id)
         response = self._response_from(loc, payload)
-        if isinstance(target, pb.ResponseIterator):
+        if isinstance(target, ResponseIterator):
             if response is not None:
                 target._put(response)
             if final:
@@ -137,7 +140,7 @@ class Worker(pb._Runtime):
         if payload[0] == "err":
             _, code, message = payload
             return pb.InferenceResponse(
-                error=pb.TritonError(message, pb.ERROR_CODES_BY_NAME.get(code, 1))
+                error=pb.TritonError(message, ERROR_CODES_BY_NAME.get(code, 1))
             )
         _, descs, parameters = payload
         assert self.reader is not None
@@ -160,7 +163,7 @@ class Worker(pb._Runtime):
         if response.has_error():
             error = response.error()
             assert error is not None
-            payload = ("err", pb.ERROR_CODE_NAMES.get(error.code(), "INTERNAL"), error.message())
+            payload = ("err", ERROR_CODE_NAMES.get(error.code(), "INTERNAL"), error.message())
             self.channel.send((tp.RESPONSE, key, None, payload, final))
             return
         tensors = [(t.name(), t.datatype(), t.as_numpy()) for t in response.output_tensors()]
@@ -190,7 +193,7 @@ class Worker(pb._Runtime):
         bls_id = next(self._ids)
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         if decoupled:
-            iterator = pb.ResponseIterator()
+            iterator = ResponseIterator()
             self._bls[bls_id] = iterator
             future.set_result(iterator)
         else:
@@ -294,7 +297,7 @@ class Worker(pb._Runtime):
         except BaseException as exc:
             self.channel.send((tp.READY, _format_exception(exc), False))
             raise SystemExit(1) from None
-        pb._flush_deferred()
+        metrics.flush_deferred()
         self.channel.send((tp.READY, None, callable(getattr(self.model, "is_ready", None))))
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
@@ -364,7 +367,7 @@ class Worker(pb._Runtime):
             elif response.has_error():
                 error = response.error()
                 assert error is not None
-                code = pb.ERROR_CODE_NAMES.get(error.code(), "INTERNAL")
+                code = ERROR_CODE_NAMES.get(error.code(), "INTERNAL")
                 payloads.append(("err", code, error.message()))
                 groups.append([])
             else:
@@ -460,7 +463,7 @@ class Worker(pb._Runtime):
                     self._await(result)
             except BaseException as exc:
                 self.log("ERROR", f"finalize failed: {_format_exception(exc)}")
-        pb._flush_deferred()
+        metrics.flush_deferred()
         self.channel.send((tp.FINALIZED,))
 
     def serve(self) -> None:
@@ -471,8 +474,8 @@ class Worker(pb._Runtime):
             kind = message[0]
             if kind == tp.EXEC:
                 self.execute(message)
-                if pb._DEFERRED:  # metrics the model let go of
-                    pb._flush_deferred()
+                if metrics.DEFERRED:  # metrics the model let go of
+                    metrics.flush_deferred()
             elif kind == tp.FINALIZE:
                 self.finalize()
                 return
@@ -513,7 +516,7 @@ def main() -> None:
         autocomplete(channel, message)
         return
     worker = Worker(channel)
-    pb._set_runtime(worker)
+    runtime.install(worker)
     worker.initialize(message)
     threading.Thread(target=worker.mailbox.standby, name="standby-reader", daemon=True).start()
     worker.serve()

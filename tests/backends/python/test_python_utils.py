@@ -123,16 +123,16 @@ def test_auto_complete_model_config() -> None:
 
 
 def test_response_sender_rules() -> None:
-    from oceanus.backends.python import utils
+    from oceanus.backends.python.pb import runtime
 
     sent: list[tuple[int, object, int]] = []
 
-    class Recorder(utils._Runtime):
+    class Recorder(runtime.Runtime):
         def send_response(self, key: int, response: object, flags: int) -> None:
             sent.append((key, response, flags))
 
-    previous = utils._runtime
-    utils._set_runtime(Recorder())
+    previous = runtime.current()
+    runtime.install(Recorder())
     try:
         sender = pb_utils.InferenceResponseSender(7, decoupled=True)
         sender.send(pb_utils.InferenceResponse([]))
@@ -146,7 +146,7 @@ def test_response_sender_rules() -> None:
         with pytest.raises(pb_utils.TritonModelException, match="more than one response"):
             single.send(pb_utils.InferenceResponse([]))
     finally:
-        utils._set_runtime(previous)
+        runtime.install(previous)
     assert [(k, f) for k, _, f in sent] == [(7, 0), (7, 1), (9, 0)]
 
 
