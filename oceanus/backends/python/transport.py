@@ -1,9 +1,10 @@
 """How the server and a Python worker talk: small control messages over a socketpair, tensor
 bytes through shared memory.
 
-Control messages are tuples of plain values (str, int, float, bool, bytes, None, tuples, lists,
-dicts) encoded with `marshal` (both ends run the same interpreter) and framed by a 4-byte length.
-They carry names, datatypes, shapes and offsets, never tensor data.
+Control messages are the typed structures of messages.py, sent as tuples of plain values (str,
+int, float, bool, bytes, None, tuples, lists, dicts) encoded with `marshal` (both ends run the
+same interpreter) and framed by a 4-byte length. They carry names, datatypes, shapes and offsets,
+never tensor data.
 
 Tensor bytes travel through two single-producer rings, one per direction, each a file in /dev/shm
 mapped by both processes. The writer places the tensors of one message in one contiguous block
@@ -33,28 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from oceanus.backends.python.messages import Message, decode, encode
 from oceanus.core import datatypes
-
-# ---- message kinds (the first element of every message) ----------------------------------------
-
-INIT = "init"  # server -> worker: start the model (args, paths)
-READY = "ready"  # worker -> server: initialize() returned (or failed: READY, error text)
-AUTOCOMPLETE = "autocomplete"  # server -> worker: run auto_complete_config on a config JSON
-EXEC = "x"  # server -> worker: execute one batch of requests
-RESULT = "r"  # worker -> server: the batch's responses (or the batch's error)
-RESPONSE = "d"  # worker -> server: one response sent through a response sender
-LOG = "l"  # worker -> server: a pb_utils.Logger line
-BLS = "b"  # worker -> server: an inference request on any loaded model
-BLS_RESPONSE = "B"  # server -> worker: a response (or error) to a BLS request
-QUERY = "q"  # worker -> server: is request `key` cancelled?
-QUERY_ANSWER = "Q"  # server -> worker
-FINALIZE = "f"  # server -> worker: call finalize() and exit
-FINALIZED = "F"  # worker -> server
-CALL = "c"  # worker -> server: (CALL, id, operation, args) a pb_utils call the server answers
-CALL_ANSWER = "C"  # server -> worker: (CALL_ANSWER, id, error text or None, result)
-METRIC = "m"  # worker -> server: (METRIC, metric id, operation, value), no answer
-IS_READY = "i"  # server -> worker: (IS_READY, id) call the model's is_ready()
-IS_READY_ANSWER = "I"  # worker -> server: (IS_READY_ANSWER, id, ready, error text or None)
 
 _LENGTH = struct.Struct("<I")
 _TAIL = struct.Struct("<Q")
@@ -313,21 +294,21 @@ class Channel:
         self._poll_socket.register(sock.fileno(), select.POLLIN)
         self._wake_fd = -1
 
-    def send(self, message: tuple[Any, ...]) -> None:
-        data = marshal.dumps(message)
+    def send(self, message: Message) -> None:
+        data = marshal.dumps(encode(message))
         with self.lock:
             self.sock.sendall(_LENGTH.pack(len(data)) + data)
 
-    def send_locked(self, message: tuple[Any, ...]) -> None:
+    def send_locked(self, message: Message) -> None:
         """`send` for a caller already holding `lock`."""
-        data = marshal.dumps(message)
+        data = marshal.dumps(encode(message))
         self.sock.sendall(_LENGTH.pack(len(data)) + data)
 
     def send_tensors(
         self,
         writer: RingWriter,
         groups: Sequence[Sequence[TensorItem]],
-        build: Callable[[Location | None, list[list[TensorDesc]]], tuple[Any, ...]],
+        build: Callable[[Location | None, list[list[TensorDesc]]], Message],
         before_send: Callable[[], None] | None = None,
     ) -> None:
         """Place the tensors, build the message from their location and descriptors, send."""
@@ -342,7 +323,7 @@ class Channel:
         self._wake_fd = wake_fd
         self._poll.register(wake_fd, select.POLLIN)
 
-    def recv(self, timeout: float | None = None, wakeable: bool = False) -> Any:
+    def recv(self, timeout: float | None = None, wakeable: bool = False) -> Message | None:
         """The next message; None when `timeout` (seconds) passed first or, if `wakeable`, the
         wake fd fired. Raises EOFError when the other end closed."""
         buffer = self._buffer
@@ -352,7 +333,7 @@ class Channel:
                 if len(buffer) >= 4 + length:
                     data = bytes(buffer[4 : 4 + length])
                     del buffer[: 4 + length]
-                    return marshal.loads(data)
+                    return decode(marshal.loads(data))
             if timeout is not None or (wakeable and self._wake_fd >= 0):
                 poll = self._poll if wakeable else self._poll_socket
                 events = poll.poll(None if timeout is None else max(0, timeout * 1000))
@@ -388,7 +369,7 @@ class Mailbox:
     def __init__(
         self,
         channel: Channel,
-        dispatch: Callable[[Any], None],
+        dispatch: Callable[[Message], None],
         on_eof: Callable[[], None],
         standby_after_s: float,
     ) -> None:

@@ -28,6 +28,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from oceanus.backends.python import messages as msg
 from oceanus.backends.python import transport as tp
 from oceanus.backends.python import utils as pb
 from oceanus.backends.python.pb import metrics, runtime
@@ -95,22 +96,21 @@ class Worker(runtime.Runtime):
 
     # ---- messages from the server -----------------------------------------------------------
 
-    def _on_message(self, message: tuple[Any, ...]) -> None:
+    def _on_message(self, message: msg.Message) -> None:
         """Dispatch one message (called by the reading thread, under the mailbox's lock)."""
-        kind = message[0]
-        if kind == tp.BLS_RESPONSE:
+        if isinstance(message, msg.BlsResponse):
             self._on_bls_response(message)
-        elif kind == tp.QUERY_ANSWER:
-            future = self._queries.pop(message[1], None)
+        elif isinstance(message, msg.QueryAnswer):
+            future = self._queries.pop(message.query_id, None)
             if future is not None:
-                future.set_result(bool(message[2]))
-        elif kind == tp.CALL_ANSWER:
-            call = self._calls.pop(message[1], None)
+                future.set_result(bool(message.cancelled))
+        elif isinstance(message, msg.CallAnswer):
+            call = self._calls.pop(message.call_id, None)
             if call is not None:
-                call.set_result((message[2], message[3]))
-        elif kind == tp.IS_READY:
+                call.set_result((message.error, message.result))
+        elif isinstance(message, msg.IsReady):
             threading.Thread(
-                target=self._check_ready, args=(message[1],), name="is_ready", daemon=True
+                target=self._check_ready, args=(message.check_id,), name="is_ready", daemon=True
             ).start()
         else:
             self.inbox.append(message)
@@ -119,10 +119,10 @@ class Worker(runtime.Runtime):
     def _server_gone() -> None:
         os._exit(0)  # the server is gone: nothing left to serve
 
-    def _on_bls_response(self, message: tuple[Any, ...]) -> None:
-        _, bls_id, loc, payload, final = message
+    def _on_bls_response(self, message: msg.BlsResponse) -> None:
+        bls_id, final = message.bls_id, message.final
         target = self._bls.get(bls_id)
-        response = self._response_from(loc, payload)
+        response = self._response_from(message.location, message.payload)
         if isinstance(target, ResponseIterator):
             if response is not None:
                 target._put(response)
@@ -134,10 +134,10 @@ class Worker(runtime.Runtime):
         if target is not None and not target.done():
             target.set_result(response)
 
-    def _response_from(self, loc: Any, payload: Any) -> pb.InferenceResponse | None:
+    def _response_from(self, loc: Any, payload: msg.Payload | None) -> pb.InferenceResponse | None:
         if payload is None:
             return None
-        if payload[0] == "err":
+        if msg.is_error(payload):
             _, code, message = payload
             return pb.InferenceResponse(
                 error=pb.TritonError(message, ERROR_CODES_BY_NAME.get(code, 1))
@@ -158,13 +158,15 @@ class Worker(runtime.Runtime):
     def send_response(self, key: int, response: pb.InferenceResponse | None, flags: int) -> None:
         final = bool(flags & pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         if response is None:
-            self.channel.send((tp.RESPONSE, key, None, None, final))
+            self.channel.send(msg.Response(key, None, None, final))
             return
         if response.has_error():
             error = response.error()
             assert error is not None
-            payload = ("err", ERROR_CODE_NAMES.get(error.code(), "INTERNAL"), error.message())
-            self.channel.send((tp.RESPONSE, key, None, payload, final))
+            code = ERROR_CODE_NAMES.get(error.code(), "INTERNAL")
+            self.channel.send(
+                msg.Response(key, None, msg.error_payload(code, error.message()), final)
+            )
             return
         tensors = [(t.name(), t.datatype(), t.as_numpy()) for t in response.output_tensors()]
         parameters = response.parameters()
@@ -172,14 +174,14 @@ class Worker(runtime.Runtime):
         self.channel.send_tensors(
             self.writer,
             [tensors],
-            lambda loc, descs: (tp.RESPONSE, key, loc, ("ok", descs[0], parameters), final),
+            lambda loc, descs: msg.Response(key, loc, msg.ok_payload(descs[0], parameters), final),
         )
 
     def is_cancelled(self, key: int) -> bool:
         query_id = next(self._ids)
         future: concurrent.futures.Future[bool] = concurrent.futures.Future()
         self._queries[query_id] = future
-        self.channel.send((tp.QUERY, query_id, key))
+        self.channel.send(msg.Query(query_id, key))
         self.wait(future.done)
         return future.result()
 
@@ -199,32 +201,36 @@ class Worker(runtime.Runtime):
         else:
             self._bls[bls_id] = future
         tensors = [(t.name(), t.datatype(), t.as_numpy()) for t in request.inputs()]
-        head = (
-            tp.BLS,
-            bls_id,
-            request.model_name(),
-            int(request.model_version()),
-            request.request_id(),
-            request.correlation_id(),
-            int(request.flags()),
-            int(request.timeout()),
-            request.parameters(),
-            list(request.requested_output_names()),
-            bool(decoupled),
-        )
+
+        def build(loc: tp.Location | None, descs: list[list[tp.TensorDesc]]) -> msg.Bls:
+            return msg.Bls(
+                bls_id,
+                request.model_name(),
+                int(request.model_version()),
+                request.request_id(),
+                request.correlation_id(),
+                int(request.flags()),
+                int(request.timeout()),
+                request.parameters(),
+                list(request.requested_output_names()),
+                bool(decoupled),
+                loc,
+                descs[0],
+            )
+
         assert self.writer is not None
-        self.channel.send_tensors(self.writer, [tensors], lambda loc, descs: (*head, loc, descs[0]))
+        self.channel.send_tensors(self.writer, [tensors], build)
         return future
 
     def log(self, level: str, message: str) -> None:
-        self.channel.send((tp.LOG, level, message))
+        self.channel.send(msg.Log(level, message))
 
     def server_call(self, operation: str, *args: Any) -> Any:
         """Ask the server and wait for its answer (reading messages meanwhile)."""
         call_id = next(self._ids)
         future: concurrent.futures.Future[tuple[str | None, Any]] = concurrent.futures.Future()
         self._calls[call_id] = future
-        self.channel.send((tp.CALL, call_id, operation, args))
+        self.channel.send(msg.Call(call_id, operation, args))
         self.wait(future.done)
         error, result = future.result()
         if error is not None:
@@ -235,10 +241,10 @@ class Worker(runtime.Runtime):
         return self.server_call(operation, *args)
 
     def metric_update(self, metric_id: int, operation: str, value: float) -> None:
-        self.channel.send((tp.METRIC, metric_id, operation, value))
+        self.channel.send(msg.MetricUpdate(metric_id, operation, value))
 
     def metric_delete(self, what: str, number: int) -> None:
-        self.channel.send((tp.METRIC, number, "delete_" + what, 0.0))
+        self.channel.send(msg.MetricUpdate(number, "delete_" + what, 0.0))
 
     def _check_ready(self, check_id: int) -> None:
         """The model's is_ready() (its own thread: the main thread may be executing)."""
@@ -253,7 +259,7 @@ class Worker(runtime.Runtime):
         except BaseException as exc:
             error = str(exc) if isinstance(exc, _BackendError) else _format_exception(exc)
         with contextlib.suppress(OSError):
-            self.channel.send((tp.IS_READY_ANSWER, check_id, ready, error))
+            self.channel.send(msg.IsReadyAnswer(check_id, ready, error))
 
     # ---- the model ----------------------------------------------------------------------------
 
@@ -269,14 +275,14 @@ class Worker(runtime.Runtime):
         spec.loader.exec_module(module)
         return module
 
-    def initialize(self, message: tuple[Any, ...]) -> None:
-        _, model_path, args, decoupled, s2w, w2s, capacity, spill_prefix = message
+    def initialize(self, message: msg.Init) -> None:
+        model_path, args = message.model_path, message.args
         self.model_name = args["model_name"]
         self.instance_name = args["model_instance_name"]
         self.model_version = int(args["model_version"])
-        self.decoupled = decoupled
-        self.reader = tp.RingReader(s2w, capacity)
-        self.writer = tp.RingWriter(w2s, capacity, spill_prefix)
+        self.decoupled = message.decoupled
+        self.reader = tp.RingReader(message.s2w, message.capacity)
+        self.writer = tp.RingWriter(message.w2s, message.capacity, message.spill_prefix)
         try:
             module = self.load(model_path)
             model_class = getattr(module, "TritonPythonModel", None)
@@ -295,10 +301,10 @@ class Worker(runtime.Runtime):
                 if asyncio.iscoroutine(result):
                     self._await(result)
         except BaseException as exc:
-            self.channel.send((tp.READY, _format_exception(exc), False))
+            self.channel.send(msg.Ready(_format_exception(exc), False))
             raise SystemExit(1) from None
         metrics.flush_deferred()
-        self.channel.send((tp.READY, None, callable(getattr(self.model, "is_ready", None))))
+        self.channel.send(msg.Ready(None, callable(getattr(self.model, "is_ready", None))))
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         with self._loop_lock:
@@ -319,8 +325,8 @@ class Worker(runtime.Runtime):
         self.mailbox.wait(future.done, wakeable=True)
         return future.result()
 
-    def execute(self, message: tuple[Any, ...]) -> None:
-        _, batch_id, loc, entries = message
+    def execute(self, message: msg.Exec) -> None:
+        batch_id, loc, entries = message.batch_id, message.location, message.requests
         assert self.reader is not None and self.writer is not None
         block, token = self.reader.open(loc) if loc is not None else (None, None)
         # Decoupled models may keep requests after execute returns: they get copies.
@@ -356,10 +362,10 @@ class Worker(runtime.Runtime):
             for request in requests:  # no response may follow the batch's error
                 request.get_response_sender()._close()
             self.reader.release(token)
-            self.channel.send((tp.RESULT, batch_id, None, None, text))
+            self.channel.send(msg.Result(batch_id, None, None, text))
             return
         groups: list[list[tp.TensorItem]] = []
-        payloads: list[Any] = []
+        payloads: list[msg.Payload | None] = []
         for request, response in zip(requests, results, strict=True):
             if response is None:
                 payloads.append(None)
@@ -368,7 +374,7 @@ class Worker(runtime.Runtime):
                 error = response.error()
                 assert error is not None
                 code = ERROR_CODE_NAMES.get(error.code(), "INTERNAL")
-                payloads.append(("err", code, error.message()))
+                payloads.append(msg.error_payload(code, error.message()))
                 groups.append([])
             else:
                 wanted = set(request.requested_output_names())
@@ -379,15 +385,17 @@ class Worker(runtime.Runtime):
                         if t.name() in wanted
                     ]
                 )
-                payloads.append(("ok", None, response.parameters()))
+                payloads.append(msg.ok_payload(None, response.parameters()))
         reader = self.reader
 
-        def build(loc: Any, descs: list[list[tp.TensorDesc]]) -> tuple[Any, ...]:
+        def build(loc: Any, descs: list[list[tp.TensorDesc]]) -> msg.Result:
             out = [
-                payload if payload is None or payload[0] != "ok" else ("ok", group, payload[2])
+                payload
+                if payload is None or msg.is_error(payload)
+                else msg.ok_payload(group, payload[2])
                 for payload, group in zip(payloads, descs, strict=True)
             ]
-            return (tp.RESULT, batch_id, loc, out, None)
+            return msg.Result(batch_id, loc, out, None)
 
         self.channel.send_tensors(self.writer, groups, build, lambda: reader.release(token))
 
@@ -464,19 +472,18 @@ class Worker(runtime.Runtime):
             except BaseException as exc:
                 self.log("ERROR", f"finalize failed: {_format_exception(exc)}")
         metrics.flush_deferred()
-        self.channel.send((tp.FINALIZED,))
+        self.channel.send(msg.Finalized())
 
     def serve(self) -> None:
         inbox = self.inbox
         while True:
             self.mailbox.wait(lambda: bool(inbox))
             message = inbox.popleft()
-            kind = message[0]
-            if kind == tp.EXEC:
+            if isinstance(message, msg.Exec):
                 self.execute(message)
                 if metrics.DEFERRED:  # metrics the model let go of
                     metrics.flush_deferred()
-            elif kind == tp.FINALIZE:
+            elif isinstance(message, msg.Finalize):
                 self.finalize()
                 return
 
@@ -485,23 +492,23 @@ class _BackendError(Exception):
     """A rule of the backend was broken (the message is Triton's, without a traceback)."""
 
 
-def autocomplete(channel: tp.Channel, message: tuple[Any, ...]) -> None:
-    _, model_path, config_json = message
+def autocomplete(channel: tp.Channel, message: msg.Autocomplete) -> None:
+    model_path, config_json = message.model_path, message.config_json
     worker = Worker(channel)
     try:
         module = worker.load(model_path)
         model_class = getattr(module, "TritonPythonModel", None)
         function = getattr(model_class, "auto_complete_config", None)
         if function is None:
-            channel.send((tp.READY, None, config_json))
+            channel.send(msg.Ready(None, config_json))
             return
         config = pb.ModelConfig(config_json)
         returned = function(config)
         if isinstance(returned, pb.ModelConfig):
             config = returned
-        channel.send((tp.READY, None, json.dumps(config.as_dict())))
+        channel.send(msg.Ready(None, json.dumps(config.as_dict())))
     except BaseException as exc:
-        channel.send((tp.READY, _format_exception(exc), ""))
+        channel.send(msg.Ready(_format_exception(exc), ""))
 
 
 def main() -> None:
@@ -512,9 +519,10 @@ def main() -> None:
     # model.py files import this name; inside a worker it is the real implementation.
     sys.modules.setdefault("triton_python_backend_utils", pb)
     message = channel.recv()
-    if message[0] == tp.AUTOCOMPLETE:
+    if isinstance(message, msg.Autocomplete):
         autocomplete(channel, message)
         return
+    assert isinstance(message, msg.Init)
     worker = Worker(channel)
     runtime.install(worker)
     worker.initialize(message)

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from oceanus.backends.python import messages as msg
 from oceanus.backends.python import transport as tp
 
 
@@ -94,9 +95,9 @@ def test_large_message_spills_to_a_one_off_file(
 def test_channel_frames_messages_across_threads() -> None:
     left, right = socket.socketpair()
     sender, receiver = tp.Channel(left), tp.Channel(right)
-    messages = [("m", i, "x" * (i * 97 % 5000), [1, 2.5, None, b"\x00"]) for i in range(300)]
+    messages = [msg.Call(i, "x" * (i * 97 % 5000), [1, 2.5, None, b"\x00"]) for i in range(300)]
 
-    def send_all(part: list[tuple[object, ...]]) -> None:
+    def send_all(part: list[msg.Call]) -> None:
         for message in part:
             sender.send(message)
 
@@ -106,7 +107,8 @@ def test_channel_frames_messages_across_threads() -> None:
     got = [receiver.recv() for _ in messages]
     for thread in threads:
         thread.join()
-    assert sorted(got, key=lambda m: m[1]) == messages
+    assert all(isinstance(message, msg.Call) for message in got)
+    assert sorted(got, key=lambda m: m.call_id) == messages  # type: ignore[union-attr]
     sender.close()
     with pytest.raises(EOFError):
         receiver.recv()

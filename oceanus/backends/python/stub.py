@@ -1,0 +1,174 @@
+"""A Python model's stub process (Triton's word for it): starting one, and what belongs to it.
+
+`spawn` starts `python -m oceanus.backends.python.worker`, creates the two shared-memory rings,
+sends Init and waits for Ready (initialize() returned), serving the log lines, metric and
+model-control calls the model makes from initialize() meanwhile. `run_autocomplete` starts a
+short-lived one that only calls the model's auto_complete_config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from oceanus.backends.python import messages as msg
+from oceanus.backends.python import transport as tp
+from oceanus.core.custom_metrics import MetricOwner
+from oceanus.core.errors import internal
+
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
+# A model's is_ready(): an answer younger than this is reused (instance.py asks).
+IS_READY_CACHE_S = 0.5
+
+
+class Stub:
+    """One incarnation of the stub process and what belongs to it."""
+
+    def __init__(
+        self,
+        generation: int,
+        process: subprocess.Popen[bytes],
+        channel: tp.Channel,
+        writer: tp.RingWriter,
+        reader: tp.RingReader,
+        prefix: str,
+        metrics: MetricOwner,
+        has_is_ready: bool,
+    ) -> None:
+        self.generation = generation
+        self.process = process
+        self.channel = channel
+        self.writer = writer
+        self.reader = reader
+        self.prefix = prefix  # of its shared-memory files
+        self.metrics = metrics  # the custom metrics this stub created
+        self.finalized = False
+        self.mailbox: tp.Mailbox | None = None
+        self.threads: list[Any] = []
+        # The model's is_ready(), when it has one: the last answer, when it came, the check
+        # in flight (id, sent at).
+        self.has_is_ready = has_is_ready
+        self.user_ready = True
+        self.checked_at = -IS_READY_CACHE_S
+        self.check_id: int | None = None
+        self.check_sent = 0.0
+
+
+def spawn(
+    name: str,
+    generation: int,
+    init: Callable[[str, str, int, str], msg.Init],
+    capacity: int,
+    metrics: MetricOwner,
+    on_message: Callable[[tp.Channel, msg.Message], None],
+) -> Stub:
+    """Start a stub and wait for its initialize(); raises with the model's error.
+
+    `init(s2w, w2s, capacity, spill prefix)` makes the Init message; `on_message` serves what
+    the model sends before it is ready (log lines, metrics, model control)."""
+    tag = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+    prefix = f"{tp.shm_dir()}/oceanus-py-{os.getpid()}-{tag}-{generation}-{uuid.uuid4().hex[:8]}"
+    s2w, w2s = f"{prefix}-s2w", f"{prefix}-w2s"
+    tp.create_ring_file(s2w, capacity)
+    tp.create_ring_file(w2s, capacity)
+    parent, child = socket.socketpair()
+    process: subprocess.Popen[bytes] | None = None
+    channel = tp.Channel(parent)
+    try:
+        process = subprocess.Popen(
+            worker_command(child.fileno()), pass_fds=(child.fileno(),), env=worker_env()
+        )
+        child.close()
+        writer = tp.RingWriter(s2w, capacity, f"{prefix}-s-")
+        reader = tp.RingReader(w2s, capacity)
+        channel.send(init(s2w, w2s, capacity, f"{prefix}-w-"))
+        while True:
+            try:
+                message = channel.recv()
+            except (EOFError, OSError):
+                raise internal(
+                    f"Failed to initialize the stub process of model instance '{name}': "
+                    f"{exit_text(process.wait())}"
+                ) from None
+            if isinstance(message, msg.Ready):
+                break
+            if message is not None:
+                on_message(channel, message)
+        if message.error is not None:
+            raise internal(str(message.error))
+    except BaseException:
+        channel.close()
+        child.close()
+        if process is not None:
+            process.kill()
+            process.wait()
+        for path in (s2w, w2s):
+            unlink(path)
+        raise
+    # Both ends have mapped the rings: the names are no longer needed, and nothing is left
+    # behind in /dev/shm whatever happens to either process.
+    unlink(s2w)
+    unlink(w2s)
+    return Stub(generation, process, channel, writer, reader, prefix, metrics, bool(message.result))
+
+
+def run_autocomplete(model_path: Path, config_json: str) -> str:
+    """Call the model's static auto_complete_config in a short-lived stub."""
+    parent, child = socket.socketpair()
+    process = subprocess.Popen(
+        worker_command(child.fileno()), pass_fds=(child.fileno(),), env=worker_env()
+    )
+    child.close()
+    channel = tp.Channel(parent)
+    try:
+        channel.send(msg.Autocomplete(str(model_path), config_json))
+        try:
+            answer = channel.recv()
+        except EOFError:
+            raise internal(
+                f"auto_complete_config of '{model_path}' failed: {exit_text(process.wait())}"
+            ) from None
+    finally:
+        channel.close()
+        process.wait()
+    assert isinstance(answer, msg.Ready)
+    if answer.error is not None:
+        raise internal(answer.error)
+    return str(answer.result)
+
+
+def worker_command(fd: int) -> list[str]:
+    return [sys.executable, "-m", "oceanus.backends.python.worker", str(fd)]
+
+
+def worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    path = env.get("PYTHONPATH", "")
+    if _PACKAGE_ROOT not in path.split(os.pathsep):
+        env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + path if path else "")
+    return env
+
+
+def exit_text(returncode: int | None) -> str:
+    if returncode is None:
+        return "it stopped answering"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"the process was killed by {name}"
+    return f"the process exited with status {returncode}"
+
+
+def unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
