@@ -277,6 +277,11 @@ def _tensorrt_options(parameters: Any, device_id: int) -> dict[str, str]:
     return options
 
 
+_InvalidArgument = getattr(
+    getattr(ort.capi, "onnxruntime_pybind11_state", None), "InvalidArgument", ValueError
+)
+
+
 class OnnxRuntimeInstance(BatchInstance):
     def __init__(self, session: ort.InferenceSession, config: mc.ModelConfig) -> None:
         self._session = session
@@ -299,6 +304,15 @@ class OnnxRuntimeInstance(BatchInstance):
             self._run = session.run
 
     def execute(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            return self._execute(inputs)
+        except _InvalidArgument as exc:
+            # The request's values were wrong (token ids outside the vocabulary, say): the
+            # client's mistake, reported with ONNX Runtime's words as Triton reports them.
+            text = str(exc).split("INVALID_ARGUMENT : ", 1)[-1]
+            raise invalid_arg(f"onnx runtime error 2: {text}") from None
+
+    def _execute(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._uses_ortvalues:
             return self._execute_ortvalues(inputs)
         if not self._converts:

@@ -46,6 +46,7 @@ from oceanus.backends._common import (
 from oceanus.core import datatypes
 from oceanus.core.backend import Backend, BatchInstance, LoadContext
 from oceanus.core.errors import InferenceServerError, invalid_arg
+from oceanus.core.repository import is_number
 
 log = logging.getLogger("oceanus.backends.openvino")
 
@@ -293,7 +294,7 @@ class OpenVinoBackend(Backend):
             value = parameter(config, key)
             if value is None or value == "":
                 return None
-            if not value.strip().isdigit():
+            if not is_number(value.strip()):
                 raise invalid_arg(
                     f"unable to load model '{config.name}': expected the parameter '{key}' to "
                     f"be a non-negative number, got {value.lower()}"
@@ -327,12 +328,12 @@ class OpenVinoBackend(Backend):
             properties["PERFORMANCE_HINT"] = mode
         if streams:
             value = streams.strip().upper()
-            if value not in ("AUTO", "NUMA") and not value.isdigit():
+            if value not in ("AUTO", "NUMA") and not is_number(value):
                 raise invalid_arg(
                     f"unable to load model '{config.name}': expected the parameter "
                     f"'NUM_STREAMS' to be either AUTO/NUMA/<int_value>, got {streams.lower()}"
                 )
-            properties["NUM_STREAMS"] = value if not value.isdigit() else int(value)
+            properties["NUM_STREAMS"] = int(value) if is_number(value) else value
         elif not hint and device == "CPU":
             # One stream per instance: each instance's infer request runs on its own stream.
             properties["NUM_STREAMS"] = instances

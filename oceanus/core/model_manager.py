@@ -81,6 +81,7 @@ class ModelManager:
         files: dict[str, bytes] | None = None,
     ) -> ModelEntry:
         """Load or reload a model; raises with the reason when no version becomes ready."""
+        check_model_name(name)
         async with self._lock(name):
             return await self._load_locked(name, config_json, files)
 
@@ -281,18 +282,24 @@ class ModelManager:
 
     def _write_override(self, name: str, config: mc.ModelConfig, files: dict[str, bytes]) -> Path:
         """A private model folder made of the files a load request supplied (blocking)."""
-        root = Path(tempfile.mkdtemp(prefix=f"oceanus-{name}-"))
+        root = Path(tempfile.mkdtemp(prefix="oceanus-load-"))
         folder = root / name
-        folder.mkdir()
-        for relative, content in files.items():
-            target = (folder / relative).resolve()
-            if folder.resolve() not in target.parents:
-                shutil.rmtree(root, ignore_errors=True)
-                raise invalid_arg(
-                    f"failed to load '{name}': file path '{relative}' leaves the model"
-                )
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(content)
+        try:
+            folder.mkdir()
+            for relative, content in files.items():
+                target = (folder / relative).resolve()
+                if folder.resolve() not in target.parents:
+                    raise invalid_arg(
+                        f"failed to load '{name}': file path '{relative}' leaves the model"
+                    )
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(content)
+        except OSError as exc:  # a file name the file system refuses: the client's mistake
+            shutil.rmtree(root, ignore_errors=True)
+            raise invalid_arg(f"failed to load '{name}': {exc.strerror}") from None
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
         previous = self._override_dirs.pop(name, None)
         self._override_dirs[name] = root
         if previous is not None:
@@ -361,6 +368,26 @@ class ModelManager:
                 await self.poll_once()
             except Exception:  # polling must outlive one bad scan
                 log.exception("repository poll failed")
+
+
+# The longest file name most file systems take (a model name is a folder name).
+_NAME_MAX_BYTES = 255
+
+
+def check_model_name(name: str) -> None:
+    """A model name names a folder of the repository: refuse what cannot (".", "..", slashes,
+    NUL, longer than a file name may be) before it reaches the file system."""
+    if (
+        not name
+        or name in (".", "..")
+        or "/" in name
+        or "\0" in name
+        or len(name.encode("utf-8", "surrogatepass")) > _NAME_MAX_BYTES
+    ):
+        raise invalid_arg(
+            f"failed to load '{name}': invalid model name (a model name is a folder name: not "
+            f"'.' or '..', no '/', at most {_NAME_MAX_BYTES} bytes)"
+        )
 
 
 def _parse_override(name: str, config_json: str) -> mc.ModelConfig:

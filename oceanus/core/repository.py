@@ -48,11 +48,18 @@ def scan(repositories: Iterable[Path]) -> dict[str, Path]:
     return found
 
 
+def is_number(text: str) -> bool:
+    """Whether `text` is a non-negative integer in ASCII digits: version numbers and tensor
+    indices are, while str.isdigit() also takes superscript digits (which int() refuses) and
+    Arabic-Indic ones (which int() reads as numbers)."""
+    return text.isascii() and text.isdigit()
+
+
 def version_folders(model_dir: Path) -> dict[int, Path]:
     """Numeric subfolders; anything else is ignored, as in Triton."""
     versions: dict[int, Path] = {}
     for entry in model_dir.iterdir():
-        if entry.is_dir() and entry.name.isdigit() and not entry.name.startswith("0"):
+        if entry.is_dir() and is_number(entry.name) and not entry.name.startswith("0"):
             versions[int(entry.name)] = entry
     return versions
 

@@ -209,6 +209,8 @@ class ServerCore:
                 raise not_found(f"Request for unknown model: '{name}' has no available versions")
             return found
         try:
+            if not version.isascii():  # int() reads Arabic-Indic digits as numbers
+                raise ValueError(version)
             number = int(version)
         except ValueError:
             raise not_found(
@@ -347,7 +349,7 @@ class ServerCore:
             if entry is None or entry.highest_ready() is None:
                 raise invalid_arg(f"requested model '{name}' is not available")
             if version:
-                found = entry.versions.get(int(version)) if version.isdigit() else None
+                found = entry.versions.get(int(version)) if repository.is_number(version) else None
                 if found is None or not found.ready:
                     raise invalid_arg(
                         f"requested model version is not available for model '{name}'"

@@ -106,6 +106,10 @@ def validate_request(
             item_shape = shape
         if not _dims_match(item_shape, spec.dims):
             raise _shape_error(prefix, tensor.name, model_name, spec, shape, max_batch_size > 0)
+        if max_batch_size > 0 and not shape[0]:
+            # Triton sizes a batch of 0 as a batch of 1, so the request's bytes (none) never
+            # match: the same "byte size mismatch" answer (checked against Triton 2.51).
+            _shaped(prefix, tensor.name, model_name, tensor.data, (1, *item_shape), spec)
         given[tensor.name] = _shaped(prefix, tensor.name, model_name, tensor.data, shape, spec)
     missing = [name for name, spec in inputs.items() if name not in given and not spec.optional]
     if missing:

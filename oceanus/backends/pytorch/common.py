@@ -12,6 +12,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from oceanus.backends._common import config_dims
 from oceanus.core import datatypes
 from oceanus.core.errors import invalid_arg
+from oceanus.core.repository import is_number
 
 # ModelConfig datatype -> torch dtype: every datatype this torch can hold in a tensor.
 TORCH_TYPES: dict[str, torch.dtype] = {
@@ -46,7 +47,7 @@ def named_index(name: str) -> int | None:
     if position < 0:
         return None
     tail = name[position + 2 :]
-    return int(tail) if tail.isdigit() else None
+    return int(tail) if is_number(tail) else None
 
 
 def type_kind(jit_type: Any) -> str:

@@ -19,6 +19,7 @@ from tritonclient.grpc import service_pb2 as pb
 from oceanus.core import datatypes
 from oceanus.core.datatypes import DataType
 from oceanus.core.errors import InferenceServerError, invalid_arg
+from oceanus.core.repository import is_number
 from oceanus.core.shared_memory import NO_REGIONS, SharedMemoryManager, as_unsigned
 from oceanus.core.tensor_bytes import array_from_bytes, array_to_bytes
 from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
@@ -125,7 +126,7 @@ def check_version(version: str) -> None:
     digits = version.strip()
     if digits[:1] in ("+", "-"):
         digits = digits[1:]
-    if not digits.isdigit():
+    if not is_number(digits):
         raise invalid_arg(
             f"failed to get model version from specified version string '{version}' "
             "(details: stol), version should be an integral value > 0"

@@ -17,6 +17,7 @@ import orjson
 
 from oceanus.core.errors import InferenceServerError, internal, invalid_arg
 from oceanus.core.proto_json import message_to_dict
+from oceanus.core.repository import is_number
 from oceanus.core.server import ServerCore
 from oceanus.core.shared_memory import SharedMemoryManager
 from oceanus.core.tracing import Trace, TraceSettingError
@@ -181,7 +182,7 @@ class HttpFrontend:
             raise HttpError(404, "Not Found")
         name, rest, version = parts[0], parts[1:], ""
         if rest and rest[0] == "versions":
-            if len(rest) < 2 or not rest[1].isdigit():
+            if len(rest) < 2 or not is_number(rest[1]):
                 raise HttpError(404, "Not Found")
             version, rest = rest[1], rest[2:]
         if rest == ["trace", "setting"] and not version:  # no versions here, as in Triton
@@ -320,7 +321,7 @@ def infer_route(request: HttpRequest) -> tuple[str, str] | None:
         name, version = parts[3], ""
     elif len(parts) == 7 and parts[6] == "infer" and parts[4] == "versions":
         name, version = parts[3], parts[5]
-        if not version.isdigit():
+        if not is_number(version):
             return None
     else:
         return None

@@ -284,14 +284,26 @@ def _decode_input(
 
 
 def _flatten(data: Any) -> list[Any]:
+    """Nested JSON lists in row-major order, without recursion: a client may nest as deep as
+    the JSON parser allows (orjson: 1,024 levels), deeper than Python's stack."""
     if not isinstance(data, list):
         return [data]
-    if data and isinstance(data[0], list):
-        flat: list[Any] = []
-        for item in data:
-            flat.extend(_flatten(item))
-        return flat
-    return data
+    if not data or not isinstance(data[0], list):
+        return data
+    flat: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list) and item and isinstance(item[0], list):
+                stack.append(iter(item))
+                break
+            if isinstance(item, list):
+                flat.extend(item)
+            else:
+                flat.append(item)
+        else:
+            stack.pop()
+    return flat
 
 
 _JSON_KIND = {"i": "signed-integer", "u": "unsigned-integer", "f": "double", "b": "boolean"}

@@ -29,6 +29,13 @@ log = logging.getLogger("oceanus.http")
 Headers = list[tuple[bytes, bytes]]
 
 _REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
+# Limits on a request's head (request line and headers): past them the request is refused (431,
+# 414) and the connection closed, before more of it is buffered (docs/reliability.md).
+MAX_HEAD_BYTES = 64 * 1024
+MAX_HEADERS = 256
+MAX_URL_BYTES = 16 * 1024
+# A head that has begun must be complete this soon (slow-loris clients holding connections).
+HEAD_TIMEOUT_S = 30.0
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # After the last response on a connection we send FIN and wait this long for the client's own
 # close before closing: closing a socket that holds unread bytes sends a reset, and a reset can
@@ -131,6 +138,14 @@ class HttpProtocol(asyncio.Protocol):
         self._body_size = 0
         self._too_large = False
         self._begin_ns = 0
+        # The head being parsed: its size so far and header count, and the answer when a limit
+        # was passed; whether a too-large body was answered before it arrived.
+        self._in_head = False
+        self._head_bytes = 0
+        self._header_count = 0
+        self._refusal: HttpResponse | None = None
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._answered_early = False
         self._waiting: deque[tuple[HttpRequest, bool]] = deque()
         self._current: Pending | None = None
         self._closing = False
@@ -147,6 +162,8 @@ class HttpProtocol(asyncio.Protocol):
         self._closing = True
         if self._linger is not None:
             self._linger.cancel()
+        if self._head_timer is not None:
+            self._head_timer.cancel()
         self._waiting.clear()
         if self._current is not None and not self._current.future.done():
             self._current.future.cancel()  # a queued request leaves its queue
@@ -159,8 +176,24 @@ class HttpProtocol(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._reply_and_close(HttpResponse(400, b'{"error":"Upgrade is not supported"}'))
+            return
         except httptools.HttpParserError:
-            self._reply_and_close(HttpResponse(400, b'{"error":"Bad Request"}'))
+            self._reply_and_close(self._refusal or HttpResponse(400, b'{"error":"Bad Request"}'))
+            return
+        if self._in_head:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._reply_and_close(
+                    HttpResponse(431, b'{"error":"Request Header Fields Too Large"}')
+                )
+            elif self._head_timer is None:  # a head split over reads: it gets a deadline
+                loop = asyncio.get_running_loop()
+                self._head_timer = loop.call_later(HEAD_TIMEOUT_S, self._head_timed_out)
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._in_head and not self._closing:
+            self._reply_and_close(HttpResponse(408, b'{"error":"Request Timeout"}'))
 
     @property
     def idle(self) -> bool:
@@ -197,17 +230,32 @@ class HttpProtocol(asyncio.Protocol):
         self._body = []
         self._body_size = 0
         self._too_large = False
+        self._in_head = True
+        self._head_bytes = 0
+        self._header_count = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        if len(self._url) > MAX_URL_BYTES:
+            self._refusal = HttpResponse(414, b'{"error":"URI Too Long"}')
+            raise ValueError("request line too long")  # stops the parser
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._header_count > MAX_HEADERS:
+            self._refusal = HttpResponse(431, b'{"error":"Request Header Fields Too Large"}')
+            raise ValueError("too many headers")  # stops the parser
         self._headers[name.lower()] = value
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
         length = self._headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self._max_body:
             self._too_large = True
+            self._answer_early()
         elif self._headers.get(b"expect", b"").lower() == b"100-continue":
             assert self._transport is not None
             self._transport.write(_CONTINUE)
@@ -219,26 +267,40 @@ class HttpProtocol(asyncio.Protocol):
         if self._body_size > self._max_body:
             self._too_large = True
             self._body = []
+            self._answer_early()
             return
         self._body.append(body)
 
-    def on_message_complete(self) -> None:
-        path = self._url.split(b"?", 1)[0].decode("latin-1")
-        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        request = HttpRequest(
+    def _answer_early(self) -> None:
+        """A body over --http-max-input-size: answered now, without reading it (what is still
+        coming is discarded, and the connection closes after the answer)."""
+        self._answered_early = True
+        self._queue(self._request(b""), keep_alive=False)
+
+    def _request(self, body: bytes) -> HttpRequest:
+        return HttpRequest(
             self._parser.get_method().decode("latin-1"),
-            path,
+            self._url.split(b"?", 1)[0].decode("latin-1"),
             self._headers,
             body,
             self._too_large,
             self._begin_ns,
             time.monotonic_ns(),
         )
-        keep_alive = self._parser.should_keep_alive() and not self._too_large
+
+    def _queue(self, request: HttpRequest, keep_alive: bool) -> None:
         if self._current is not None or self._waiting:
             self._waiting.append((request, keep_alive))
             return
         self._serve(request, keep_alive)
+
+    def on_message_complete(self) -> None:
+        if self._answered_early:
+            self._answered_early = False
+            return
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        keep_alive = self._parser.should_keep_alive() and not self._too_large
+        self._queue(self._request(body), keep_alive)
 
     # ---- answering --------------------------------------------------------------------------
 
