@@ -212,7 +212,7 @@ def test_batches_form_across_requests_from_different_workers(
     decoded_by = {
         int(pid)
         for pid in re.findall(
-            r"^I\S+ \S+ (\d+) app.py:\d+\] HTTP infer request 'r\d' for 'simple_dyna'",
+            r"^I\S+ \S+ (\d+) infer.py:\d+\] HTTP infer request 'r\d' for 'simple_dyna'",
             server.log(),
             re.M,
         )
@@ -244,7 +244,7 @@ def test_a_dead_worker_is_replaced_and_the_others_clients_see_nothing(
     served_by = {
         int(value): int(pid)
         for pid, value in re.findall(
-            r"^I\S+ \S+ (\d+) app.py:\d+\] HTTP infer request 'r(\d)'", server.log(), re.M
+            r"^I\S+ \S+ (\d+) infer.py:\d+\] HTTP infer request 'r(\d)'", server.log(), re.M
         )
     }
     survivor = served_by[0]

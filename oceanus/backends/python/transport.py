@@ -36,6 +36,7 @@ import numpy as np
 
 from oceanus.backends.python.messages import Message, decode, encode
 from oceanus.core import datatypes
+from oceanus.core.tensor_bytes import bytes_elements
 
 _LENGTH = struct.Struct("<I")
 _TAIL = struct.Struct("<Q")
@@ -77,21 +78,6 @@ def numpy_dtype(datatype: str) -> np.dtype:
         _DTYPES["BF16"] = found
         return found
     raise ValueError(f"unknown datatype '{datatype}'")
-
-
-def deserialize_bytes(buffer: Any, count: int = -1) -> np.ndarray:
-    """Length-framed BYTES elements as a flat object array of bytes."""
-    view = memoryview(buffer).cast("B")
-    items: list[bytes] = []
-    offset, end = 0, len(view)
-    while offset < end and count != len(items):
-        (length,) = _LENGTH.unpack_from(view, offset)
-        offset += 4
-        items.append(bytes(view[offset : offset + length]))
-        offset += length
-    array = np.empty(len(items), dtype=object)
-    array[:] = items
-    return array
 
 
 # ---- shared-memory rings ----------------------------------------------------------------------
@@ -254,13 +240,10 @@ def unpack(block: np.ndarray | None, descs: Sequence[TensorDesc], copy: bool) ->
     array: np.ndarray
     for name, datatype, shape, offset, size in descs:
         if datatype == "BYTES":
-            count = 1
-            for dim in shape:
-                count *= dim
             if block is None or size == 0:
                 array = np.empty(0, dtype=object)
             else:
-                array = deserialize_bytes(block[offset : offset + size], count)
+                array = bytes_elements(name, block[offset : offset + size])
             arrays.append((name, datatype, array.reshape(shape)))
             continue
         dtype = numpy_dtype(datatype)

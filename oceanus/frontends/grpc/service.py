@@ -28,6 +28,7 @@ from oceanus.core.errors import (
 from oceanus.core.server import ServerCore
 from oceanus.core.tracing import Trace, TraceSettingError
 from oceanus.core.types import InferRequest, InferResponse
+from oceanus.frontends.decoding import DECODE_ON_THREAD_BYTES
 from oceanus.frontends.grpc import codec, health
 from oceanus.frontends.grpc.errors import grpc_status
 from oceanus.frontends.grpc.methods import UNARY_METHODS, Context, restricted
@@ -314,7 +315,10 @@ class GrpcService:
         request still queued leaves the queue.
         """
         try:
-            request = codec.decode(data, self.core.shared_memory)
+            if len(data) > DECODE_ON_THREAD_BYTES:
+                request = await asyncio.to_thread(codec.decode, data, self.core.shared_memory)
+            else:
+                request = codec.decode(data, self.core.shared_memory)
             if self.core.tracer.active:
                 return await self._traced_infer(request, context)
             response = await self.core.infer(request, caller="ModelInfer RPC")

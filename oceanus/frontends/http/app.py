@@ -7,70 +7,47 @@ repository load/unload) answer through a `Pending` future, so no task is created
 from __future__ import annotations
 
 import asyncio
-import gzip
 import logging
-import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
-
-import orjson
 
 from oceanus.core.errors import InferenceServerError, internal, invalid_arg
 from oceanus.core.proto_json import message_to_dict
 from oceanus.core.repository import is_number
 from oceanus.core.server import ServerCore
-from oceanus.core.shared_memory import SharedMemoryManager
 from oceanus.core.tracing import Trace, TraceSettingError
 from oceanus.core.types import InferRequest, InferResponse
+from oceanus.frontends.decoding import DECODE_ON_THREAD_BYTES
 from oceanus.frontends.http import codec, generate, shared_memory
 from oceanus.frontends.http.errors import http_status
 from oceanus.frontends.http.extensions import decode_files, handle_logging
+from oceanus.frontends.http.infer import (
+    HTTP_CALLER,
+    Finisher,
+    decode_infer,
+    decode_infer_later,
+    request_body,
+)
 from oceanus.frontends.http.protocol import (
-    Headers,
     HttpRequest,
     HttpResponse,
     Pending,
     Streamed,
+)
+from oceanus.frontends.http.responses import (
+    JSON,
+    HttpError,
+    error_of,
+    json_response,
 )
 from oceanus.frontends.trace_settings import unknown_model, update_from_json
 from oceanus.logs import LogSettings
 
 log = logging.getLogger("oceanus.http")
 
-JSON = b"application/json"
-OCTET = b"application/octet-stream"
 EVENT_STREAM = b"text/event-stream; charset=utf-8"
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
-# How Triton names this frontend when it refuses a decoupled model.
-HTTP_CALLER = "HTTP end point"
 Outcome = HttpResponse | Pending | Streamed
-
-
-class HttpError(Exception):
-    """An HTTP-only failure (routing, method, encoding) with its status."""
-
-    def __init__(self, status: int, message: str, headers: Headers | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers or []
-
-
-def json_response(document: Any, status: int = 200, headers: Headers | None = None) -> HttpResponse:
-    return HttpResponse(status, orjson.dumps(document), [(b"content-type", JSON), *(headers or [])])
-
-
-def error_response(status: int, message: str, headers: Headers | None = None) -> HttpResponse:
-    return json_response({"error": message}, status, headers)
-
-
-def _error_of(exc: BaseException) -> HttpResponse:
-    if isinstance(exc, HttpError):
-        return error_response(exc.status, exc.message, exc.headers)
-    if isinstance(exc, InferenceServerError):
-        return error_response(http_status(exc.code), exc.message)
-    log.error("unexpected error: %s", exc, exc_info=exc)
-    return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
 class HttpFrontend:
@@ -96,7 +73,7 @@ class HttpFrontend:
         try:
             return self._dispatch(request)
         except Exception as exc:  # every failure answers in the protocol's own form
-            return _error_of(exc)
+            return error_of(exc)
 
     def _dispatch(self, request: HttpRequest) -> Outcome:
         method = request.method
@@ -213,15 +190,39 @@ class HttpFrontend:
         return request_body(request, self.max_input_size)
 
     def _infer(self, request: HttpRequest, name: str, version: str) -> Outcome:
+        if len(request.body) > DECODE_ON_THREAD_BYTES:
+            later = self._infer_later(request, name, version)
+            return Pending(asyncio.ensure_future(later), _task_result)
         infer_request, finisher = decode_infer(
             request, name, version, self.core.shared_memory, self.max_input_size
         )
+        return self._submit(request, infer_request, finisher)
+
+    def _submit(
+        self, request: HttpRequest, infer_request: InferRequest, finisher: Finisher
+    ) -> Pending:
         if self.core.tracer.active:
             trace = self._start_trace(request, infer_request)
             if trace is not None:
                 finisher = _traced(finisher, trace)
         future = self.core.infer(infer_request, caller=HTTP_CALLER)
         return Pending(future, finisher)
+
+    async def _infer_later(self, request: HttpRequest, name: str, version: str) -> HttpResponse:
+        """A big body, decoded on a thread while the loop serves the other connections."""
+        try:
+            infer_request, finisher = await decode_infer_later(
+                request, name, version, self.core.shared_memory, self.max_input_size
+            )
+            pending = self._submit(request, infer_request, finisher)
+        except Exception as exc:
+            return error_of(exc)
+        try:
+            await asyncio.wait((pending.future,))
+        except asyncio.CancelledError:
+            pending.future.cancel()  # the client left: a queued request leaves its queue
+            raise
+        return pending.finish(pending.future)
 
     def _generate(self, request: HttpRequest, name: str, version: str, streaming: bool) -> Outcome:
         """The generate extension (generate.py): one JSON object, or server-sent events."""
@@ -267,69 +268,6 @@ class HttpFrontend:
         return json_response(tracer.document(model_name))
 
 
-def request_body(request: HttpRequest, max_input_size: int) -> bytes:
-    """The request body, decompressed, within --http-max-input-size."""
-    if request.too_large:
-        size = request.headers.get(b"content-length", b"")
-        shown = int(size) if size.isdigit() else max_input_size + 1
-        raise invalid_arg(_too_large(shown, max_input_size))
-    encoding = request.headers.get(b"content-encoding")
-    body = request.body
-    if encoding:
-        encoding = encoding.strip().lower()
-        if encoding != b"identity":
-            body = _decompress(body, encoding, max_input_size)
-    return body
-
-
-Finisher = Callable[[asyncio.Future[Any]], HttpResponse]
-
-
-def decode_infer(
-    request: HttpRequest,
-    name: str,
-    version: str,
-    shm: SharedMemoryManager,
-    max_input_size: int,
-) -> tuple[InferRequest, Finisher]:
-    """An infer request's body as a core request, and what turns its outcome into the HTTP
-    response (the frontend worker processes call this too)."""
-    body = request_body(request, max_input_size)
-    headers = request.headers
-    header_length = headers.get(b"inference-header-content-length")
-    infer_request = codec.decode_infer_request(
-        body,
-        header_length.decode("latin-1") if header_length is not None else None,
-        name,
-        version,
-        shm,
-    )
-    parameters = infer_request.parameters
-    binary_default = bool(parameters.get("binary_data_output", False)) if parameters else False
-    accept = headers.get(b"accept-encoding", b"")
-    if log.isEnabledFor(logging.DEBUG):  # --log-verbose 1: each request's path
-        log.debug("HTTP infer request '%s' for '%s' received", infer_request.id, name)
-    return infer_request, _infer_finisher(binary_default, accept)
-
-
-def infer_route(request: HttpRequest) -> tuple[str, str] | None:
-    """(model, version) when the request is `POST /v2/models/<m>[/versions/<v>]/infer`."""
-    if request.method != "POST":
-        return None
-    parts = request.path.split("/")
-    if len(parts) == 5 and parts[4] == "infer":
-        name, version = parts[3], ""
-    elif len(parts) == 7 and parts[6] == "infer" and parts[4] == "versions":
-        name, version = parts[3], parts[5]
-        if not is_number(version):
-            return None
-    else:
-        return None
-    if parts[:3] != ["", "v2", "models"] or not name:
-        return None
-    return name, version
-
-
 def check_restriction(
     restrictions: dict[str, tuple[bytes, bytes]], request: HttpRequest, parts: list[str]
 ) -> None:
@@ -344,34 +282,6 @@ def check_restriction(
             )
 
 
-def _infer_finisher(binary_default: bool, accept: bytes) -> Finisher:
-    def finish(future: asyncio.Future[Any]) -> HttpResponse:
-        exc = future.exception()
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("HTTP infer responded%s", f" with error: {exc}" if exc else "")
-        if exc is not None:
-            return _error_of(exc)
-        payload: bytes | memoryview
-        try:
-            payload, json_size = codec.encode_infer_response(future.result(), binary_default)
-        except InferenceServerError as error:
-            return _error_of(error)
-        if json_size is None:
-            headers: Headers = [(b"content-type", JSON)]
-        else:
-            headers = [
-                (b"content-type", OCTET),
-                (b"inference-header-content-length", str(json_size).encode()),
-            ]
-        if accept:
-            payload, encoding = _compress(payload, accept)
-            if encoding:
-                headers.append((b"content-encoding", encoding))
-        return HttpResponse(200, payload, headers)
-
-    return finish
-
-
 async def _only_response(responses: AsyncIterator[InferResponse]) -> InferResponse:
     """/generate: the one response of the request (a decoupled model must send exactly one)."""
     answers = [response async for response in responses]
@@ -383,7 +293,7 @@ async def _only_response(responses: AsyncIterator[InferResponse]) -> InferRespon
 def _generated(future: asyncio.Future[Any]) -> HttpResponse:
     exc = future.exception()
     if exc is not None:
-        return _error_of(exc)
+        return error_of(exc)
     return json_response(generate.generate_document(future.result()))
 
 
@@ -427,9 +337,14 @@ def _traced(
     return traced_finish
 
 
+def _task_result(future: asyncio.Future[Any]) -> HttpResponse:
+    response: HttpResponse = future.result()
+    return response
+
+
 def _empty_or_error(future: asyncio.Future[Any]) -> HttpResponse:
     exc = future.exception()
-    return _error_of(exc) if exc is not None else HttpResponse(200)
+    return error_of(exc) if exc is not None else HttpResponse(200)
 
 
 # The restricted-API group of each path (Triton's RestrictedCategory), by the path's head.
@@ -470,37 +385,3 @@ def _category(parts: list[str]) -> str:
 def _require(method: str, allowed: str) -> None:
     if method != allowed:
         raise HttpError(405, "Method Not Allowed")
-
-
-def _too_large(size: int, limit: int) -> str:
-    return (
-        f"Request JSON size of {size} bytes exceeds the maximum allowed value of {limit} bytes. "
-        "Use --http-max-input-size to increase the limit."
-    )
-
-
-def _decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
-    if encoding in (b"gzip", b"x-gzip"):
-        decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    elif encoding == b"deflate":
-        decoder = zlib.decompressobj()
-    else:
-        raise HttpError(
-            501, "Unsupported compression type", [(b"accept-encoding", b"gzip, deflate")]
-        )
-    try:
-        data = decoder.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise invalid_arg(f"failed to decompress the request body: {exc}") from None
-    if len(data) > limit:
-        raise invalid_arg(_too_large(len(data), limit))
-    return data
-
-
-def _compress(payload: bytes | memoryview, accept: bytes) -> tuple[bytes | memoryview, bytes]:
-    encodings = [e.split(b";")[0].strip() for e in accept.lower().split(b",")]
-    if b"gzip" in encodings:
-        return gzip.compress(payload, compresslevel=6), b"gzip"
-    if b"deflate" in encodings:
-        return zlib.compress(payload), b"deflate"
-    return payload, b""

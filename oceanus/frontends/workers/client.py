@@ -97,9 +97,13 @@ class CoreClient:
 
     # ---- calls --------------------------------------------------------------------------------
 
-    def infer(self, request: InferRequest, caller: str) -> asyncio.Future[InferResponse]:
-        """A decoded request; raises NeedsCore when only the core can take it as it is."""
-        fields = m.encode_request(request)
+    def infer(
+        self, request: InferRequest, caller: str, fields: tuple[Any, ...] | None = None
+    ) -> asyncio.Future[InferResponse]:
+        """A decoded request; raises NeedsCore when only the core can take it as it is.
+        `fields`: its messages.encode_request, when the caller made them (off the loop)."""
+        if fields is None:
+            fields = m.encode_request(request)
         call_id = next(self._ids)
         future: asyncio.Future[InferResponse] = self._loop.create_future()
         self._calls[call_id] = (future, request)

@@ -21,8 +21,9 @@ import grpc
 from oceanus.core.errors import ErrorCode
 from oceanus.core.server import ServerCore
 from oceanus.core.types import InferResponse
-from oceanus.frontends.http.app import HttpFrontend, error_response
+from oceanus.frontends.http.app import HttpFrontend
 from oceanus.frontends.http.protocol import HttpRequest, HttpResponse, Pending, Streamed
+from oceanus.frontends.http.responses import error_response
 from oceanus.frontends.workers import messages as m
 from oceanus.frontends.workers.channel import Channel, Message
 

@@ -20,14 +20,22 @@ import grpc
 
 from oceanus.core.errors import InferenceServerError
 from oceanus.core.shared_memory import Region, SharedMemoryManager, ShmTarget
+from oceanus.core.types import InferRequest
+from oceanus.frontends.decoding import DECODE_ON_THREAD_BYTES
 from oceanus.frontends.grpc import codec as grpc_codec
 from oceanus.frontends.grpc import health
 from oceanus.frontends.grpc.errors import grpc_status
 from oceanus.frontends.grpc.methods import SERVICE_NAME, UNARY_METHODS, Context, restricted
-from oceanus.frontends.http.app import HTTP_CALLER, check_restriction, decode_infer, infer_route
+from oceanus.frontends.http.app import check_restriction
+from oceanus.frontends.http.infer import (
+    HTTP_CALLER,
+    Finisher,
+    decode_infer,
+    infer_route,
+)
 from oceanus.frontends.http.protocol import HttpRequest, HttpResponse, Pending
 from oceanus.frontends.workers.client import CoreClient, GrpcFailure
-from oceanus.frontends.workers.messages import NeedsCore
+from oceanus.frontends.workers.messages import NeedsCore, encode_request
 
 log = logging.getLogger("oceanus.workers")
 
@@ -78,6 +86,9 @@ class WorkerHttp:
             try:
                 if self._restrictions:
                     check_restriction(self._restrictions, request, request.path.split("/")[2:])
+                if len(request.body) > DECODE_ON_THREAD_BYTES:
+                    later = self._infer_later(request, route[0], route[1])
+                    return Pending(asyncio.ensure_future(later), _as_is)
                 infer_request, finisher = decode_infer(
                     request, route[0], route[1], CORE_REGIONS, self._max_input_size
                 )
@@ -85,6 +96,29 @@ class WorkerHttp:
             except Exception:  # NeedsCore, or a mistake the core answers in its own words
                 pass
         return Pending(self._client.http(request), _as_is)
+
+    async def _infer_later(self, request: HttpRequest, name: str, version: str) -> HttpResponse:
+        """A big body, decoded on a thread; what the worker cannot take goes to the core."""
+        future: asyncio.Future[Any]
+        finisher: Finisher
+
+        def decode() -> tuple[InferRequest, Finisher, tuple[Any, ...]]:
+            infer_request, finisher = decode_infer(
+                request, name, version, CORE_REGIONS, self._max_input_size
+            )
+            return infer_request, finisher, encode_request(infer_request)
+
+        try:
+            infer_request, finisher, fields = await asyncio.to_thread(decode)
+            future = self._client.infer(infer_request, HTTP_CALLER, fields)
+        except Exception:  # NeedsCore, or a mistake the core answers in its own words
+            future, finisher = self._client.http(request), _as_is
+        try:
+            await asyncio.wait((future,))
+        except asyncio.CancelledError:
+            future.cancel()  # the client left: so does the request
+            raise
+        return finisher(future)
 
 
 def _metadata(context: Context) -> list[tuple[str, Any]]:
@@ -118,7 +152,10 @@ class WorkerGrpc:
         client = self._client
         if not client.tracing:
             try:
-                request = grpc_codec.decode(data, CORE_REGIONS)
+                if len(data) > DECODE_ON_THREAD_BYTES:
+                    request = await asyncio.to_thread(grpc_codec.decode, data, CORE_REGIONS)
+                else:
+                    request = grpc_codec.decode(data, CORE_REGIONS)
                 future = client.infer(request, GRPC_CALLER)
             except Exception:  # NeedsCore, or a mistake the core answers in its own words
                 future = None

@@ -286,3 +286,42 @@ def test_a_slow_head_is_timed_out() -> None:
 
     answer = asyncio.run(run())
     assert status_of(answer) == 408
+
+
+def test_a_big_body_is_decoded_while_other_requests_are_served(server: Any) -> None:
+    """Millions of BYTES elements take seconds to turn into arrays; that happens on a thread,
+    so a health probe sent meanwhile is answered before the big request is."""
+    count = 4_000_000
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "datatype": "BYTES",
+                    "shape": [1, count],
+                    "parameters": {"binary_data_size": 4 * count},
+                }
+            ]
+        }
+    ).encode()
+    body = header + b"\x00\x00\x00\x00" * count
+    big = socket.create_connection(("127.0.0.1", server.http_port), timeout=60)
+    big.sendall(
+        post(
+            "/v2/models/simple/infer",
+            body,
+            {"Inference-Header-Content-Length": str(len(header))},
+        )
+    )
+    try:
+        probe = raw(server.http_port, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n", False, 30)
+        assert status_of(probe) == 200
+        big.setblocking(False)
+        with pytest.raises(BlockingIOError):  # the big request is still being decoded
+            big.recv(1)
+        big.setblocking(True)
+        answer = big.recv(65536)
+        assert status_of(answer) == 400  # BYTES where the model takes INT32
+        assert "data-type is 'BYTES'" in body_of(answer)["error"]
+    finally:
+        big.close()

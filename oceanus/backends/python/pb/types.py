@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from oceanus.backends.python import transport
 from oceanus.core import datatypes
+from oceanus.core.tensor_bytes import bytes_elements
 
 if TYPE_CHECKING:
     from oceanus.backends.python.pb.requests import InferenceRequest, InferenceResponse
@@ -128,7 +128,7 @@ def serialize_byte_tensor(input_tensor: np.ndarray) -> bytes | None:
 
 def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
     """The inverse of `serialize_byte_tensor`: a flat object array of bytes."""
-    return transport.deserialize_bytes(encoded_tensor)
+    return bytes_elements("", encoded_tensor)
 
 
 # ---- errors -------------------------------------------------------------------------------------
