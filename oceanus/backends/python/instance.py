@@ -300,6 +300,14 @@ class PythonInstance(RequestInstance):
         stub.metrics.close()
         for path in glob.glob(f"{stub.prefix}-*"):
             unlink(path)
+        # Nothing reads this stub's channel any more once its standby reader has seen the close:
+        # its rings and wake-up pipe can go (a restarted stub must not leave them open).
+        for thread in stub.threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=5)
+        mailbox.dispose()
+        stub.writer.close()
+        stub.reader.close()
         for stream in streams.values():
             if stream is not None:
                 stream.send(None, error, True)

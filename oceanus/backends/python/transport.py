@@ -142,7 +142,7 @@ class RingWriter:
         return ("f", path, size), np.frombuffer(mapping, dtype=np.uint8, count=size), mapping
 
     def close(self) -> None:
-        del self._bytes
+        self._bytes = np.empty(0, dtype=np.uint8)
         # BufferError: a view still exists somewhere; the GC unmaps it later
         with contextlib.suppress(BufferError):
             self._mm.close()
@@ -183,7 +183,7 @@ class RingReader:
                 _TAIL.pack_into(self._mm, 0, end)
 
     def close(self) -> None:
-        del self._bytes
+        self._bytes = np.empty(0, dtype=np.uint8)
         with contextlib.suppress(BufferError):
             self._mm.close()
 
@@ -446,9 +446,14 @@ class Mailbox:
         self._nap.set()
         self.poke()
 
-    def __del__(self) -> None:
-        # Closed only when no thread can be polling them any more (their numbers could be
-        # reused by another file while a stale poll still watched them).
+    def dispose(self) -> None:
+        """Close the wake-up pipe: only once no thread can be polling it any more (its numbers
+        could be reused by another file while a stale poll still watched them)."""
         for fd in (self._wake_read, self._wake_write):
             with contextlib.suppress(OSError):
                 os.close(fd)
+        self._wake_read = self._wake_write = -1
+
+    def __del__(self) -> None:
+        if self._wake_read >= 0:
+            self.dispose()

@@ -145,6 +145,29 @@ def test_hang_beyond_execute_timeout(server: Any) -> None:
     assert "execute() did not return within 3" in server.log()
 
 
+def test_restarts_leave_no_open_files(server: Any) -> None:
+    """Each restart closes what the dead worker's rings and wake-up pipe held in the server
+    (they were left open: two mappings and two pipe ends per restart)."""
+    wait_ready(server)
+
+    def open_files() -> int:
+        return len(os.listdir(f"/proc/{server.process.pid}/fd"))
+
+    before = open_files()
+    for _ in range(3):
+        pid = worker_pid(server)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # until the server has reaped it
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.002)
+        assert worker_pid(server) != pid  # served by the new worker
+    assert open_files() == before
+
+
 def test_no_shared_memory_left_behind(server: Any) -> None:
     wait_ready(server)
     names = [n for n in os.listdir("/dev/shm") if n.startswith(f"oceanus-py-{server.process.pid}-")]

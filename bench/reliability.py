@@ -1,0 +1,468 @@
+"""Reliability figures (issue 18): many connections, overload, faults and a soak, one table.
+
+Phases (each on its own server, started and stopped here; `--phases` picks some):
+
+* `connections`: 512 HTTP keep-alive connections and 256 gRPC channels on `simple`, each one
+  request in flight, for `--seconds`;
+* `overload`: `slow_fp32` with `max_queue_size: 4` under 64 concurrent clients: excess requests
+  must get 503 quickly, memory flat;
+* `fault`: a Python model whose stub process is killed (SIGKILL) mid-request: the clients get a
+  clear error, the model is not ready until a new stub is up (the time is measured), then serves;
+* `reload`: `simple_dyna` reloaded every 0.5 s (explicit mode) under steady load: no failure;
+* `soak`: mixed traffic (HTTP JSON and binary, gRPC unary and streams, reloads) for
+  `--soak-seconds` (default 600): RSS and open file descriptors of every server process are
+  sampled; after a warm-up they must stay within 5 %.
+
+For each phase: requests, failures by cause (HTTP status or gRPC code, or the exception), p50 and
+p99 latency, RSS and open fds (all server processes: core and frontend workers) at start, peak
+and after the load stopped. Printed as a table, written to bench/results/reliability-<ts>.json.
+
+    python bench/reliability.py [--phases connections,overload,fault,reload] [--seconds 20]
+    python bench/reliability.py --phases soak --soak-seconds 600
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+sys.path.insert(0, str(Path(__file__).parent))
+import benchlib
+
+SIMPLE_BODY = json.dumps(
+    {
+        "inputs": [
+            {"name": n, "datatype": "INT32", "shape": [1, 16], "data": [1] * 16}
+            for n in ("INPUT0", "INPUT1")
+        ]
+    }
+).encode()
+FP32_BODY = json.dumps(
+    {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": [0.5] * 16}]}
+).encode()
+IDENTITY_PY = """import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(0.05)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests]
+"""
+IDENTITY_CONFIG = """name: "pyident"
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+"""
+
+
+# ---- the server's processes -----------------------------------------------------------------
+
+
+def server_pids(core: int) -> list[int]:
+    """The core process and its children (frontend workers, Python model stubs)."""
+    pids = [core]
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == core:
+                    pids.append(int(entry.name))
+    return pids
+
+
+def footprint(core: int) -> tuple[float, int]:
+    """(RSS in MiB, open file descriptors) summed over the server's processes."""
+    rss, fds = 0, 0
+    for pid in server_pids(core):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    rss += int(line.split()[1])
+            fds += len(os.listdir(f"/proc/{pid}/fd"))
+    return rss / 1024, fds
+
+
+class Recorder:
+    """Latencies and failures of one phase, and the server's footprint over it."""
+
+    def __init__(self, core: int) -> None:
+        self.core = core
+        self.latencies: list[float] = []
+        self.failures: Counter[str] = Counter()
+        self.failure_latencies: list[float] = []
+        self.start = footprint(core)
+        self.peak = self.start
+        self.samples: list[tuple[float, float, int]] = []
+
+    def sample(self) -> None:
+        now = footprint(self.core)
+        self.samples.append((time.monotonic(), *now))
+        self.peak = (max(self.peak[0], now[0]), max(self.peak[1], now[1]))
+
+    async def sampler(self, interval: float = 1.0) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(interval)
+
+    async def row(self, phase: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The phase's figures; the clients' connections are closed and the server left idle
+        for two seconds first, so "after" is what the load left behind."""
+        await HttpClient.close_all()
+        await asyncio.sleep(2)
+        after = footprint(self.core)
+        ok = sorted(self.latencies)
+        return {
+            "phase": phase,
+            "requests": len(ok) + sum(self.failures.values()),
+            "failures": dict(self.failures),
+            "p50_ms": round(benchlib.percentile(ok, 50) * 1000, 2) if ok else None,
+            "p99_ms": round(benchlib.percentile(ok, 99) * 1000, 2) if ok else None,
+            # How fast refusals come (a queue limit must answer at once, not after a wait).
+            "failure_p99_ms": (
+                round(benchlib.percentile(sorted(self.failure_latencies), 99) * 1000, 2)
+                if self.failure_latencies
+                else None
+            ),
+            "rss_mib": [round(self.start[0], 1), round(self.peak[0], 1), round(after[0], 1)],
+            "fds": [self.start[1], self.peak[1], after[1]],
+            **(extra or {}),
+        }
+
+
+# ---- clients -------------------------------------------------------------------------------
+
+
+class HttpClient:
+    """One keep-alive HTTP/1.1 connection (all of them are closed by `close_all`)."""
+
+    opened: list[HttpClient] = []
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        HttpClient.opened.append(self)
+
+    @classmethod
+    async def close_all(cls) -> None:
+        for client in cls.opened:
+            if client.writer is not None:
+                client.writer.close()
+                with contextlib.suppress(Exception):
+                    await client.writer.wait_closed()
+        cls.opened = []
+
+    async def post(self, path: str, body: bytes) -> int:
+        head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+        return await self._exchange(head.encode() + body)
+
+    async def get(self, path: str) -> int:
+        return await self._exchange(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+
+    async def _exchange(self, request: bytes) -> int:
+        """Send one request, read its whole answer; its status."""
+        if self.writer is None or self.writer.is_closing():
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        assert self.reader is not None
+        self.writer.write(request)
+        status = int((await self.reader.readline()).split()[1])
+        length, close = 0, False
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+            elif name.lower() == "connection" and value.strip().lower() == "close":
+                close = True
+        await self.reader.readexactly(length)
+        if close:
+            self.writer.close()
+        return status
+
+
+async def closed_loop(
+    recorder: Recorder, call: Callable[[], Awaitable[str | None]], stop_at: float
+) -> None:
+    """One client: requests back to back until `stop_at`; a failure is named by `call`."""
+    while time.monotonic() < stop_at:
+        started = time.perf_counter()
+        try:
+            failure = await call()
+        except Exception as exc:  # a reset, a refused connection: counted, never fatal
+            failure = type(exc).__name__
+        if failure is None:
+            recorder.latencies.append(time.perf_counter() - started)
+        else:
+            recorder.failures[failure] += 1
+            recorder.failure_latencies.append(time.perf_counter() - started)
+
+
+def http_call(client: HttpClient, path: str, body: bytes) -> Callable[[], Awaitable[str | None]]:
+    async def call() -> str | None:
+        status = await client.post(path, body)
+        return None if status == 200 else f"HTTP {status}"
+
+    return call
+
+
+def grpc_call(channel: grpc.aio.Channel) -> Callable[[], Awaitable[str | None]]:
+    method = channel.unary_unary(
+        "/inference.GRPCInferenceService/ModelInfer",
+        request_serializer=lambda m: m.SerializeToString(),
+        response_deserializer=pb.ModelInferResponse.FromString,
+    )
+    request = pb.ModelInferRequest(model_name="simple")
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        request.raw_input_contents.append(np.ones(16, dtype=np.int32).tobytes())
+
+    async def call() -> str | None:
+        try:
+            await method(request, timeout=30)
+        except grpc.aio.AioRpcError as error:
+            return f"gRPC {error.code().name}"
+        return None
+
+    return call
+
+
+# ---- phases --------------------------------------------------------------------------------
+
+
+async def phase_connections(server: benchlib.Server, seconds: float) -> dict[str, Any]:
+    recorder = Recorder(server.proc.pid)
+    sampler = asyncio.ensure_future(recorder.sampler())
+    stop_at = time.monotonic() + seconds
+    calls = [
+        http_call(HttpClient(server.http_port), "/v2/models/simple/infer", SIMPLE_BODY)
+        for _ in range(512)
+    ]
+    assert server.grpc_url is not None
+    channels = [grpc.aio.insecure_channel(server.grpc_url) for _ in range(256)]
+    calls += [grpc_call(channel) for channel in channels]
+    await asyncio.gather(*(closed_loop(recorder, call, stop_at) for call in calls))
+    sampler.cancel()
+    for channel in channels:
+        await channel.close()
+    return await recorder.row("512 HTTP + 256 gRPC connections")
+
+
+async def phase_overload(server: benchlib.Server, seconds: float) -> dict[str, Any]:
+    recorder = Recorder(server.proc.pid)
+    sampler = asyncio.ensure_future(recorder.sampler())
+    stop_at = time.monotonic() + seconds
+    calls = [
+        http_call(HttpClient(server.http_port), "/v2/models/slow_queue/infer", FP32_BODY)
+        for _ in range(64)
+    ]
+    await asyncio.gather(*(closed_loop(recorder, call, stop_at) for call in calls))
+    sampler.cancel()
+    return await recorder.row("overload: 64 clients, max_queue_size 4")
+
+
+async def phase_fault(server: benchlib.Server, seconds: float) -> dict[str, Any]:
+    """Kill the Python model's stub while requests run; time until it serves again."""
+    recorder = Recorder(server.proc.pid)
+    stop_at = time.monotonic() + seconds
+    calls = [
+        http_call(HttpClient(server.http_port), "/v2/models/pyident/infer", FP32_BODY)
+        for _ in range(8)
+    ]
+    load = asyncio.gather(*(closed_loop(recorder, call, stop_at) for call in calls))
+    await asyncio.sleep(seconds / 3)
+    stubs = [
+        pid
+        for pid in server_pids(server.proc.pid)
+        if b"oceanus.backends.python.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    killed_at = time.monotonic()
+    for pid in stubs:
+        os.kill(pid, signal.SIGKILL)
+    ready_again = None
+    probe = HttpClient(server.http_port)
+    await asyncio.sleep(0.05)
+    while time.monotonic() < killed_at + 60:
+        status = await probe.get("/v2/models/pyident/ready")
+        if status == 200:
+            ready_again = time.monotonic() - killed_at
+            break
+        await asyncio.sleep(0.01)
+    await load
+    return await recorder.row(
+        "fault: Python stub SIGKILL under load",
+        {"stubs_killed": len(stubs), "ready_again_s": round(ready_again or -1, 3)},
+    )
+
+
+async def phase_reload(server: benchlib.Server, seconds: float) -> dict[str, Any]:
+    recorder = Recorder(server.proc.pid)
+    stop_at = time.monotonic() + seconds
+    calls = [
+        http_call(HttpClient(server.http_port), "/v2/models/simple_dyna/infer", SIMPLE_BODY)
+        for _ in range(16)
+    ]
+    load = asyncio.gather(*(closed_loop(recorder, call, stop_at) for call in calls))
+    control = HttpClient(server.http_port)
+    reloads = 0
+    while time.monotonic() < stop_at - 1:
+        status = await control.post("/v2/repository/models/simple_dyna/load", b"")
+        reloads += status == 200
+        await asyncio.sleep(0.5)
+    await load
+    return await recorder.row("reload every 0.5 s under load", {"reloads": reloads})
+
+
+async def phase_soak(server: benchlib.Server, seconds: float) -> dict[str, Any]:
+    recorder = Recorder(server.proc.pid)
+    sampler = asyncio.ensure_future(recorder.sampler(5.0))
+    stop_at = time.monotonic() + seconds
+    assert server.grpc_url is not None
+    channels = [grpc.aio.insecure_channel(server.grpc_url) for _ in range(8)]
+    calls = [
+        http_call(HttpClient(server.http_port), "/v2/models/simple/infer", SIMPLE_BODY)
+        for _ in range(8)
+    ]
+    calls += [
+        http_call(HttpClient(server.http_port), "/v2/models/simple_dyna/infer", SIMPLE_BODY)
+        for _ in range(8)
+    ]
+    calls += [grpc_call(channel) for channel in channels]
+    load = asyncio.gather(*(closed_loop(recorder, call, stop_at) for call in calls))
+    control = HttpClient(server.http_port)
+    while time.monotonic() < stop_at - 5:
+        await control.post("/v2/repository/models/simple_dyna/load", b"")
+        await asyncio.sleep(10)
+    await load
+    sampler.cancel()
+    for channel in channels:
+        await channel.close()
+    warm = [s for s in recorder.samples if s[0] >= recorder.samples[0][0] + seconds / 5]
+    growth = {}
+    if warm:
+        growth = {
+            "rss_growth_pct": round(100 * (max(s[1] for s in warm) / warm[0][1] - 1), 1),
+            "fd_growth_pct": round(100 * (max(s[2] for s in warm) / warm[0][2] - 1), 1),
+        }
+    return await recorder.row(f"soak {seconds:.0f} s mixed", growth)
+
+
+# ---- main ----------------------------------------------------------------------------------
+
+
+def repository(root: Path) -> Path:
+    source = benchlib.example_repository(["simple", "simple_dyna", "slow_fp32"])
+    for name in ("simple", "simple_dyna"):
+        shutil.copytree(source / name, root / name)
+    slow = root / "slow_queue"
+    shutil.copytree(source / "slow_fp32", slow)
+    config = (slow / "config.pbtxt").read_text().replace('"slow_fp32"', '"slow_queue"')
+    config += "\ndynamic_batching { default_queue_policy { max_queue_size: 4 } }\n"
+    (slow / "config.pbtxt").write_text(config)
+    (root / "pyident" / "1").mkdir(parents=True)
+    (root / "pyident" / "config.pbtxt").write_text(IDENTITY_CONFIG)
+    (root / "pyident" / "1" / "model.py").write_text(IDENTITY_PY)
+    return root
+
+
+PHASES = {
+    "connections": phase_connections,
+    "overload": phase_overload,
+    "fault": phase_fault,
+    "reload": phase_reload,
+    "soak": phase_soak,
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--phases", default="connections,overload,fault,reload")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--soak-seconds", type=float, default=600.0)
+    parser.add_argument("--frontend-workers", default="auto")
+    args = parser.parse_args()
+    rows = []
+    load_before = benchlib.loadavg()
+    with tempfile.TemporaryDirectory(prefix="oceanus-reliability-") as tmp:
+        repo = repository(Path(tmp) / "repo")
+        log_dir = benchlib.RESULTS_DIR / f"reliability-{time.strftime('%Y%m%d-%H%M%S')}-logs"
+        for phase in args.phases.split(","):
+            extra = [f"--frontend-workers={args.frontend_workers}"]
+            if phase in ("reload", "soak"):
+                extra += ["--model-control-mode=explicit", "--load-model=*"]
+            seconds = args.soak_seconds if phase == "soak" else args.seconds
+            with benchlib.oceanus_server(repo, log_dir, tag=phase, extra=extra) as server:
+                row = asyncio.run(PHASES[phase](server, seconds))
+            rows.append(row)
+            print(json.dumps(row))
+    args.concurrency = None
+    args.window_ms = None
+    args.repeat = 1
+    benchlib.write_side_by_side("reliability", args, load_before, phases=rows)
+    print(
+        benchlib.table(
+            [
+                "phase",
+                "requests",
+                "failures",
+                "p50 ms",
+                "p99 ms",
+                "refusal p99 ms",
+                "RSS MiB start/peak/after",
+                "fds start/peak/after",
+                "more",
+            ],
+            [
+                [
+                    r["phase"],
+                    r["requests"],
+                    ", ".join(f"{k}: {v}" for k, v in r["failures"].items()) or "0",
+                    benchlib.fmt_num(r["p50_ms"], 2),
+                    benchlib.fmt_num(r["p99_ms"], 2),
+                    benchlib.fmt_num(r["failure_p99_ms"], 2),
+                    "/".join(str(v) for v in r["rss_mib"]),
+                    "/".join(str(v) for v in r["fds"]),
+                    ", ".join(
+                        f"{k}={v}"
+                        for k, v in r.items()
+                        if k
+                        not in (
+                            "phase",
+                            "requests",
+                            "failures",
+                            "p50_ms",
+                            "p99_ms",
+                            "rss_mib",
+                            "fds",
+                        )
+                    ),
+                ]
+                for r in rows
+            ],
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
