@@ -65,8 +65,8 @@ def updated_log_settings(settings: LogSettings, request: dict[str, Any]) -> LogS
         if not isinstance(log_format, str):
             raise BadLogSetting(400, "attempt to access JSON non-string as string")
         if log_format not in ("default", "ISO8601"):
-            # Triton answers UNAVAILABLE (503) here, with this text.
-            raise BadLogSetting(503, f"invalid argument for --log_format, got: {log_format}")
+            # Triton answers 503 here, blaming itself for the client's mistake: 400, same words.
+            raise BadLogSetting(400, f"invalid argument for --log_format, got: {log_format}")
         changes["format"] = log_format
     return replace(settings, **changes)
 

@@ -272,7 +272,7 @@ def test_logging_get_and_post_change_loggers_at_run_time() -> None:
         (b'{"log_file": "/tmp/x.log"}', 501, "log file location can not be updated"),
         (b'{"log_info": "yes"}', 400, "non-boolean"),
         (b'{"log_verbose_level": -1}', 400, "non-unsigned-integer"),
-        (b'{"log_format": "json"}', 503, "invalid argument for --log_format, got: json"),
+        (b'{"log_format": "json"}', 400, "invalid argument for --log_format, got: json"),
         (b"{not json", 400, "failed to parse"),
     ],
 )
