@@ -52,6 +52,10 @@ class RemoteLocation:
     def filesystem(self) -> Any:
         """A fresh fsspec filesystem for this location (no shared listing cache)."""
         protocol, package, extra, _ = _SCHEMES[self.scheme]
+        if self.scheme == "gs" and "endpoint_url" in self.options:
+            # gcsfs asks a gRPC control API for each bucket's type, which emulators lack (a
+            # 60 s timeout per bucket); read when gcsfs is imported.
+            os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
         try:
             importlib.import_module(package)
         except ImportError:

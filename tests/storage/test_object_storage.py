@@ -87,10 +87,12 @@ def s3_store(endpoint: str, bucket: str, prefix: str) -> Store:
 
 def gcs_store(endpoint: str, bucket: str, prefix: str) -> Store:
     # gcsfs reads STORAGE_EMULATOR_HOST when imported: name the endpoint explicitly here.
-    fs = fsspec.filesystem("gcs", skip_instance_cache=True, token="anon", endpoint_url=endpoint)
+    from gcsfs.core import GCSFileSystem  # the plain one: no gRPC bucket-type probe
+
+    fs = GCSFileSystem(skip_instance_cache=True, token="anon", endpoint_url=endpoint)
     if not fs.exists(bucket):
         fs.mkdir(bucket)
-    env = {"STORAGE_EMULATOR_HOST": endpoint}
+    env = {"STORAGE_EMULATOR_HOST": endpoint, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
     return Store("gs", f"gs://{bucket}/{prefix}", fs, f"{bucket}/{prefix}", env)
 
 
