@@ -29,5 +29,9 @@ python3 -m pytest "$@" || status=$?
 if [ $# -eq 0 ]; then
   OCEANUS_TEST_FRONTEND_WORKERS=0 python3 -m pytest -q tests/frontends || status=$?
 fi
+# The container image: built and served once per run (~3 minutes), not per test.
+if [ -z "${OCEANUS_SKIP_IMAGE_TEST:-}" ]; then
+  bash scripts/image-test.sh || status=1
+fi
 echo "scripts/test.sh: checks and tests took $((SECONDS - started)) s"
 exit $status
