@@ -28,6 +28,7 @@ from oceanus.frontends.workers.core_link import CoreLink
 from oceanus.frontends.workers.supervisor import FrontendWorkers, auto_workers, claim_port
 from oceanus.logs import configure, table
 from oceanus.settings import Settings
+from oceanus.storage import RepositoryError, RepositorySet, is_remote
 
 log = logging.getLogger("oceanus.server")
 
@@ -47,13 +48,14 @@ HTTP_EXTENSIONS = [
 ]
 
 
-def _repositories(settings: Settings) -> list[Path]:
+def _repositories(settings: Settings) -> RepositorySet:
+    """Local folders for the repositories; remote ones (s3://, gs://, as://) mirrored first."""
     if settings.model_repositories:
-        return [Path(p).expanduser().resolve() for p in settings.model_repositories]
+        return RepositorySet.open(settings.model_repositories)
     from oceanus.examples import example_repository
 
     log.info("no --model-repository given: serving the built-in example repository")
-    return [example_repository()]
+    return RepositorySet([example_repository()], [])
 
 
 def _span_exporter(settings: Settings) -> SpanExporter | None:
@@ -106,12 +108,16 @@ class Server:
     async def run(self) -> int:
         settings = self.settings
         for path in settings.model_repositories:
-            if not Path(path).is_dir():
+            if not is_remote(path) and not Path(path).is_dir():
                 log.error("failed to stat file %s", path)
                 return 1
-        repositories = await asyncio.get_running_loop().run_in_executor(
-            None, _repositories, settings
-        )
+        try:
+            repositories = await asyncio.get_running_loop().run_in_executor(
+                None, _repositories, settings
+            )
+        except RepositoryError as exc:
+            log.error("%s", exc)
+            return 1
         try:
             span_exporter = _span_exporter(settings)
         except RuntimeError as exc:  # the optional OpenTelemetry SDK is missing
@@ -119,7 +125,8 @@ class Server:
             return 1
         self.core = core = ServerCore(
             CoreOptions(
-                repositories=repositories,
+                repositories=repositories.folders,
+                refresh_repositories=repositories.refresh if repositories.mirrors else None,
                 backends=builtin.registry(),
                 autocomplete=settings.autocomplete,
                 strict_readiness=settings.strict_readiness,

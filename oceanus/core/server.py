@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +59,9 @@ class CoreOptions:
     span_exporter: SpanExporter | None = None
     # The `local` response cache's size in bytes (--cache-config local,size=N); 0: no cache.
     response_cache_size: int = 0
+    # Brings the repository folders up to date before a poll or an explicit load (blocking):
+    # how folders that mirror object storage follow it (oceanus/storage). None: nothing to do.
+    refresh_repositories: Callable[[], None] | None = None
 
 
 def _gpu_count() -> int:
@@ -88,6 +91,7 @@ class ServerCore:
             composer=self,
             server=self,
             response_cache=options.response_cache_size > 0,
+            refresh=options.refresh_repositories,
         )
         self.tracer = TraceManager(options.trace, options.span_exporter)
         # Metric families the models create (Python models' pb_utils.MetricFamily), for /metrics.
@@ -142,6 +146,8 @@ class ServerCore:
     ) -> None:
         """The repository extension's load: only in explicit mode, as in Triton."""
         self._require_explicit()
+        if self.options.refresh_repositories is not None and not files:
+            await self._run_blocking(self.options.refresh_repositories)
         try:
             await self.manager.load(name, config_json, files)
         finally:
