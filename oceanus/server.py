@@ -131,6 +131,8 @@ class Server:
                 trace=settings.trace,
                 span_exporter=span_exporter,
                 response_cache_size=settings.response_cache_size,
+                rate_limit=settings.rate_limit,
+                rate_limit_resources=settings.rate_limit_resources,
             )
         )
         if settings.allow_metrics:

@@ -29,6 +29,7 @@ from oceanus.core.errors import (
 )
 from oceanus.core.model import ModelEntry, ModelState, ModelVersion
 from oceanus.core.model_manager import ModelManager
+from oceanus.core.rate_limiter import RateLimiter, ResourceLimit
 from oceanus.core.response_cache import ResponseCache, cacheable
 from oceanus.core.shared_memory import SharedMemoryManager
 from oceanus.core.tracing import SpanExporter, TraceConfig, TraceManager
@@ -59,6 +60,9 @@ class CoreOptions:
     span_exporter: SpanExporter | None = None
     # The `local` response cache's size in bytes (--cache-config local,size=N); 0: no cache.
     response_cache_size: int = 0
+    # --rate-limit (execution_count | off) and --rate-limit-resource (core/rate_limiter.py).
+    rate_limit: str = "off"
+    rate_limit_resources: list[ResourceLimit] = field(default_factory=list)
 
 
 def _gpu_count() -> int:
@@ -88,6 +92,7 @@ class ServerCore:
             composer=self,
             server=self,
             response_cache=options.response_cache_size > 0,
+            rate_limiter=RateLimiter(options.rate_limit, options.rate_limit_resources),
         )
         self.tracer = TraceManager(options.trace, options.span_exporter)
         # Metric families the models create (Python models' pb_utils.MetricFamily), for /metrics.
