@@ -23,8 +23,10 @@ from oceanus.core import ensemble, repository, warmup
 from oceanus.core.backend import Backend, ServerHandle
 from oceanus.core.backend_registry import BackendRegistry
 from oceanus.core.errors import InferenceServerError, invalid_arg
+from oceanus.core.implicit_state import StateKeeper, state_specs
 from oceanus.core.instance import InstanceWorker
 from oceanus.core.model import ModelEntry, ModelState, ModelVersion
+from oceanus.core.rate_limiter import RateLimiter
 
 log = logging.getLogger("oceanus.core.models")
 
@@ -51,6 +53,7 @@ class ModelManager:
         composer: ensemble.Composer | None = None,
         server: ServerHandle | None = None,
         response_cache: bool = False,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
         self.repositories = repositories
         self.backends = backends
@@ -68,6 +71,8 @@ class ModelManager:
         # Whether the server has a response cache (--cache-config): decoupled models that
         # enable it are then refused, as Triton refuses them.
         self._response_cache = response_cache
+        # Server-wide resources instances hold while they execute (--rate-limit).
+        self._rate_limiter = rate_limiter or RateLimiter()
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -195,7 +200,25 @@ class ModelManager:
             workers = [
                 InstanceWorker(spec, instance, batched, loop) for spec, instance in loaded.instances
             ]
-            version.start(workers)
+            try:
+                states = (
+                    StateKeeper(state_specs(config, version.path.parent))
+                    if config.sequence_batching.state
+                    else None
+                )
+                gate = self._rate_limiter.gate(
+                    name, config, workers, [spec.device_id for spec, _ in loaded.instances]
+                )
+            except InferenceServerError as exc:
+                for worker in workers:
+                    worker.instance.close()
+                version.state = ModelState.UNAVAILABLE
+                version.reason = exc.message
+                log.error("failed to load '%s' version %d: %s", name, loaded.version, exc.message)
+                continue
+            if gate is not None and log.isEnabledFor(logging.DEBUG):
+                log.debug("%s", self._rate_limiter.summary())
+            version.start(workers, gate, states)
             log.info("successfully loaded '%s' version %d", name, loaded.version)
         return fresh
 
