@@ -192,7 +192,11 @@ class Server:
     async def _start_http(self, core: ServerCore) -> None:
         settings = self.settings
         frontend = HttpFrontend(
-            core, settings.http_max_input_size, settings.log, settings.http_restricted_apis
+            core,
+            settings.http_max_input_size,
+            settings.log,
+            settings.http_restricted_apis,
+            settings.http_header_forward_pattern,
         )
         self._http = HttpServer(
             frontend.handle, settings.http_max_input_size, settings.http_busy_poll_us
@@ -215,7 +219,10 @@ class Server:
     async def _start_grpc(self, core: ServerCore) -> None:
         settings = self.settings
         options = grpc_options(settings)
-        self._grpc = GrpcFrontend(GrpcService(core, options.restricted, settings.log), options)
+        service = GrpcService(
+            core, options.restricted, settings.log, settings.grpc_header_forward_pattern
+        )
+        self._grpc = GrpcFrontend(service, options)
         try:
             await self._grpc.start()
         except OSError as exc:
@@ -228,9 +235,18 @@ class Server:
         docs/architecture.md "Frontend worker processes")."""
         settings = self.settings = self._claim_ports(self.settings)
         http = HttpFrontend(
-            core, settings.http_max_input_size, settings.log, settings.http_restricted_apis
+            core,
+            settings.http_max_input_size,
+            settings.log,
+            settings.http_restricted_apis,
+            settings.http_header_forward_pattern,
         )
-        service = GrpcService(core, settings.grpc_restricted_protocols, settings.log)
+        service = GrpcService(
+            core,
+            settings.grpc_restricted_protocols,
+            settings.log,
+            settings.grpc_header_forward_pattern,
+        )
         handlers = {**service.method_handlers(), **service.health_handlers()}
 
         def state() -> dict[str, Any]:
