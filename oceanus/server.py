@@ -133,6 +133,7 @@ class Server:
                 response_cache_size=settings.response_cache_size,
                 rate_limit=settings.rate_limit,
                 rate_limit_resources=settings.rate_limit_resources,
+                model_namespacing=settings.model_namespacing,
             )
         )
         if settings.allow_metrics:

@@ -319,14 +319,22 @@ class EnsembleVersion(ModelVersion):
     """One version of an ensemble: no scheduler, no instances; `infer` runs the steps."""
 
     def __init__(
-        self, name: str, version: int, config: mc.ModelConfig, path: Path, composer: Composer
+        self,
+        name: str,
+        version: int,
+        config: mc.ModelConfig,
+        path: Path,
+        composer: Composer,
+        keys: dict[str, str] | None = None,
     ) -> None:
+        """`keys`: the key of each composing model in the core (--model-namespacing)."""
         super().__init__(name, version, config, path)
         self._composer = composer
+        keys = keys or {}
         self._steps = [
             _Step(
                 index,
-                step.model_name,
+                keys.get(step.model_name, step.model_name),
                 str(step.model_version) if step.model_version > 0 else "",
                 dict(step.input_map),
                 dict(step.output_map),
