@@ -20,7 +20,7 @@ from typing import Protocol
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.core.ensemble_stream import stream_ensemble
+from oceanus.core.ensemble_stream import check_decoupled_steps, stream_ensemble
 from oceanus.core.errors import InferenceServerError, internal, invalid_arg, unavailable
 from oceanus.core.model import ModelState, ModelVersion, _failure_reason
 from oceanus.core.tracing import ModelActivity
@@ -266,33 +266,6 @@ def validate_steps(config: mc.ModelConfig, models: dict[str, mc.ModelConfig]) ->
             output = outputs[model_output]
             info = _info(step_name, step_batching, output.data_type, output.dims)
             _record(tensors, tensor, info, f"in ensemble {name}, ensemble tensor {tensor}: ")
-
-
-def check_decoupled_steps(config: mc.ModelConfig, models: dict[str, mc.ModelConfig]) -> None:
-    """Decoupled composing models: at most one, last (no step reads its outputs), and writing
-    every ensemble output, so that each of its responses is one ensemble response. The
-    ensemble is then decoupled itself, as Triton shows it in the config."""
-    name = config.name
-    steps = config.ensemble_scheduling.step
-    decoupled = [s for s in steps if models[s.model_name].model_transaction_policy.decoupled]
-    if not decoupled:
-        return
-    if len(decoupled) > 1:
-        raise invalid_arg(
-            f"in ensemble {name}, models {', '.join(s.model_name for s in decoupled)} are "
-            "decoupled: Oceanus ensembles stream the responses of one decoupled step"
-        )
-    step = decoupled[0]
-    read = {tensor for other in steps for tensor in other.input_map.values()}
-    written = set(step.output_map.values())
-    outputs = {t.name for t in config.output}
-    if written & read or not outputs <= written:
-        raise invalid_arg(
-            f"in ensemble {name}, model {step.model_name} is decoupled: its outputs must be the "
-            "ensemble's outputs, read by no other step (Oceanus streams its responses as the "
-            "ensemble's)"
-        )
-    config.model_transaction_policy.decoupled = True
 
 
 def _record(tensors: dict[str, _TensorInfo], tensor: str, info: _TensorInfo, prefix: str) -> None:
