@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
 from oceanus import __version__
+from oceanus.core.rate_limiter import ResourceLimit, parse_mode, parse_resource
 from oceanus.core.response_cache import parse_cache_config
 from oceanus.frontends.busy_poll import DEFAULT_BUDGET_US
 from oceanus.logs import LogSettings
@@ -31,20 +33,15 @@ IGNORED_FLAGS = (
     "--cache-directory",
     "--pinned-memory-pool-byte-size",
     "--cuda-memory-pool-byte-size",
-    "--rate-limit",
-    "--rate-limit-resource",
     "--buffer-manager-thread-count",
     "--host-policy",
     "--min-supported-compute-capability",
     "--http-thread-count",
-    "--http-header-forward-pattern",
-    "--grpc-header-forward-pattern",
     "--grpc-infer-allocation-pool-size",
     "--grpc-max-response-pool-size",
     "--grpc-infer-thread-count",
     "--grpc-infer-response-compression-level",
     "--reuse-http-port",
-    "--model-namespacing",
     "--enable-peer-access",
     "--log-mode",
 )
@@ -231,10 +228,49 @@ def build_parser() -> argparse.ArgumentParser:
     add("--log-file", default="")
     _grpc_options(parser)
     _trace_options(parser)
+    _scheduling_options(parser)
     for name in IGNORED_FLAGS:
         dest = "ignored_" + name[2:].replace("-", "_")
         add(name, dest=dest, action="append", help=argparse.SUPPRESS)
     return parser
+
+
+def _scheduling_options(parser: argparse.ArgumentParser) -> None:
+    """Rate limiter, header forwarding and model namespacing (Triton's flags)."""
+    add = parser.add_argument
+    add("--rate-limit", type=_rate_limit_mode, default="off", metavar="execution_count|off")
+    add(
+        "--rate-limit-resource",
+        type=_rate_limit_resource,
+        action="append",
+        default=[],
+        metavar="<name>:<count>[:<device>]",
+    )
+    add("--http-header-forward-pattern", type=_regex, default="", metavar="REGEX")
+    add("--grpc-header-forward-pattern", type=_regex, default="", metavar="REGEX")
+    add("--model-namespacing", type=parse_bool, default=False, metavar="BOOL")
+
+
+def _rate_limit_mode(text: str) -> str:
+    try:
+        return parse_mode(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _rate_limit_resource(text: str) -> ResourceLimit:
+    try:
+        return parse_resource(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _regex(text: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"invalid regular expression '{text}': {exc}") from None
+    return text
 
 
 def _grpc_options(parser: argparse.ArgumentParser) -> None:
@@ -387,6 +423,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, list[str]]:
         backend_config=args.backend_config,
         response_cache_size=cache.local_size(),
         server_id=args.server_id,
+        rate_limit=args.rate_limit,
+        rate_limit_resources=args.rate_limit_resource,
+        http_header_forward_pattern=args.http_header_forward_pattern,
+        grpc_header_forward_pattern=args.grpc_header_forward_pattern,
+        model_namespacing=args.model_namespacing,
         reuse_grpc_port=args.reuse_grpc_port,
         grpc_keepalive_time=args.grpc_keepalive_time,
         grpc_keepalive_timeout=args.grpc_keepalive_timeout,

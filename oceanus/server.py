@@ -138,6 +138,9 @@ class Server:
                 trace=settings.trace,
                 span_exporter=span_exporter,
                 response_cache_size=settings.response_cache_size,
+                rate_limit=settings.rate_limit,
+                rate_limit_resources=settings.rate_limit_resources,
+                model_namespacing=settings.model_namespacing,
             )
         )
         if settings.allow_metrics:
@@ -197,7 +200,11 @@ class Server:
     async def _start_http(self, core: ServerCore) -> None:
         settings = self.settings
         frontend = HttpFrontend(
-            core, settings.http_max_input_size, settings.log, settings.http_restricted_apis
+            core,
+            settings.http_max_input_size,
+            settings.log,
+            settings.http_restricted_apis,
+            settings.http_header_forward_pattern,
         )
         self._http = HttpServer(
             frontend.handle, settings.http_max_input_size, settings.http_busy_poll_us
@@ -220,7 +227,10 @@ class Server:
     async def _start_grpc(self, core: ServerCore) -> None:
         settings = self.settings
         options = grpc_options(settings)
-        self._grpc = GrpcFrontend(GrpcService(core, options.restricted, settings.log), options)
+        service = GrpcService(
+            core, options.restricted, settings.log, settings.grpc_header_forward_pattern
+        )
+        self._grpc = GrpcFrontend(service, options)
         try:
             await self._grpc.start()
         except OSError as exc:
@@ -233,9 +243,18 @@ class Server:
         docs/architecture.md "Frontend worker processes")."""
         settings = self.settings = self._claim_ports(self.settings)
         http = HttpFrontend(
-            core, settings.http_max_input_size, settings.log, settings.http_restricted_apis
+            core,
+            settings.http_max_input_size,
+            settings.log,
+            settings.http_restricted_apis,
+            settings.http_header_forward_pattern,
         )
-        service = GrpcService(core, settings.grpc_restricted_protocols, settings.log)
+        service = GrpcService(
+            core,
+            settings.grpc_restricted_protocols,
+            settings.log,
+            settings.grpc_header_forward_pattern,
+        )
         handlers = {**service.method_handlers(), **service.health_handlers()}
 
         def state() -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from oceanus.core.rate_limiter import ResourceLimit
 from oceanus.core.tracing import TraceConfig
 from oceanus.frontends.busy_poll import DEFAULT_BUDGET_US
 from oceanus.logs import LogSettings
@@ -44,6 +45,15 @@ class Settings:
     # The `local` response cache's size in bytes (--cache-config local,size=N); 0: no cache.
     response_cache_size: int = 0
     server_id: str = "triton"
+    # --rate-limit and --rate-limit-resource (docs/rate-limiter.md)
+    rate_limit: str = "off"
+    rate_limit_resources: list[ResourceLimit] = field(default_factory=list)
+    # --http/grpc-header-forward-pattern: headers matching these regexes (case-insensitive,
+    # anywhere in the name) reach the model as request parameters ("" : none).
+    http_header_forward_pattern: str = ""
+    grpc_header_forward_pattern: str = ""
+    # --model-namespacing: the same model name may live in several repositories.
+    model_namespacing: bool = False
     log: LogSettings = field(default_factory=LogSettings)
     trace: TraceConfig = field(default_factory=TraceConfig)
     # gRPC frontend (Triton's --grpc-* flags; times in milliseconds)

@@ -72,7 +72,10 @@ class _Worker:
         try:
             if settings.allow_http:
                 handler = WorkerHttp(
-                    self.client, settings.http_max_input_size, settings.http_restricted_apis
+                    self.client,
+                    settings.http_max_input_size,
+                    settings.http_restricted_apis,
+                    settings.http_header_forward_pattern,
                 )
                 http = HttpServer(
                     handler.handle, settings.http_max_input_size, settings.http_busy_poll_us
@@ -80,7 +83,10 @@ class _Worker:
                 await http.start(settings.http_address, settings.http_port, reuse_port=True)
             if settings.allow_grpc:
                 options = grpc_options(settings, reuse_port=True)
-                grpc = GrpcFrontend(WorkerGrpc(self.client, options.restricted), options)
+                service = WorkerGrpc(
+                    self.client, options.restricted, settings.grpc_header_forward_pattern
+                )
+                grpc = GrpcFrontend(service, options)
                 await grpc.start()
         except OSError as exc:
             error = f"frontend worker {self.index}: {exc.strerror or exc}"

@@ -21,7 +21,7 @@ from oceanus.backends._common import check_dims, parameter
 from oceanus.core import datatypes
 from oceanus.core.backend import Backend, BatchInstance, InstanceSpec, LoadContext, model_file
 from oceanus.core.errors import invalid_arg
-from oceanus.core.model_config import sequence_control_types
+from oceanus.core.model_config import sequence_control_types, sequence_state_outputs
 
 log = logging.getLogger("oceanus.backends.onnxruntime")
 
@@ -76,7 +76,14 @@ class OnnxRuntimeBackend(Backend):
         controls = sequence_control_types(config)
         self._check_controls(config, controls, session.get_inputs())
         model_inputs = {i.name: i for i in session.get_inputs() if i.name not in controls}
-        model_outputs = {o.name: o for o in session.get_outputs()}
+        # Implicit state outputs are model outputs the config does not list either.
+        state_outputs = sequence_state_outputs(config)
+        model_outputs = {o.name: o for o in session.get_outputs() if o.name not in state_outputs}
+        for name in state_outputs - {o.name for o in session.get_outputs()}:
+            raise invalid_arg(
+                f"unable to load model '{config.name}', sequence batching state output "
+                f"'{name}' is not an output of the model"
+            )
         if autocomplete:
             self._autocomplete(config, list(model_inputs.values()), list(model_outputs.values()))
         self._check(config, "input", config.input, model_inputs)

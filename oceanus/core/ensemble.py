@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -20,6 +20,7 @@ from typing import Protocol
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
+from oceanus.core.ensemble_stream import check_decoupled_steps, stream_ensemble
 from oceanus.core.errors import InferenceServerError, internal, invalid_arg, unavailable
 from oceanus.core.model import ModelState, ModelVersion, _failure_reason
 from oceanus.core.tracing import ModelActivity
@@ -41,6 +42,15 @@ class Composer(Protocol):
     def resolve(self, name: str, version: str = "") -> ModelVersion: ...
 
     def infer(self, request: InferRequest, caller: str) -> asyncio.Future[InferResponse]: ...
+
+    def infer_stream(
+        self,
+        request: InferRequest,
+        empty_final: bool | None = None,
+        mark_final: bool | None = None,
+    ) -> AsyncIterator[InferResponse]: ...
+
+    def is_decoupled(self, name: str, version: str = "") -> bool: ...
 
 
 # ---- validation of the config alone ---------------------------------------------------------
@@ -65,10 +75,6 @@ def validate_config(config: mc.ModelConfig) -> None:
         raise invalid_arg(f"optimization should not be specified for ensemble '{name}'")
     if config.model_warmup:
         raise invalid_arg(f"model_warmup can not be specified for ensemble '{name}'")
-    if config.model_transaction_policy.decoupled:
-        raise invalid_arg(
-            f"ensemble '{name}' cannot be decoupled: Oceanus ensembles run one-response models"
-        )
     steps = config.ensemble_scheduling.step
     if not steps:
         raise invalid_arg(f"must specify 'step' for ensemble '{name}'")
@@ -221,14 +227,10 @@ def validate_steps(config: mc.ModelConfig, models: dict[str, mc.ModelConfig]) ->
     for tensor in list(config.input) + list(config.output):
         dims = tensor.reshape.shape if tensor.HasField("reshape") else tensor.dims
         tensors[tensor.name] = _info(name, batching, tensor.data_type, dims)
+    check_decoupled_steps(config, models)
     for step in config.ensemble_scheduling.step:
         model = models[step.model_name]
         step_name = step.model_name
-        if model.model_transaction_policy.decoupled:
-            raise invalid_arg(
-                f"in ensemble {name}, model {step_name} is decoupled: decoupled models are not "
-                "supported in Oceanus ensembles"
-            )
         if 0 < model.max_batch_size < config.max_batch_size:
             raise invalid_arg(
                 f"ensemble {name} allows maximum batch size {config.max_batch_size}, but it "
@@ -290,14 +292,22 @@ class EnsembleVersion(ModelVersion):
     """One version of an ensemble: no scheduler, no instances; `infer` runs the steps."""
 
     def __init__(
-        self, name: str, version: int, config: mc.ModelConfig, path: Path, composer: Composer
+        self,
+        name: str,
+        version: int,
+        config: mc.ModelConfig,
+        path: Path,
+        composer: Composer,
+        keys: dict[str, str] | None = None,
     ) -> None:
+        """`keys`: the key of each composing model in the core (--model-namespacing)."""
         super().__init__(name, version, config, path)
         self._composer = composer
+        keys = keys or {}
         self._steps = [
             _Step(
                 index,
-                step.model_name,
+                keys.get(step.model_name, step.model_name),
                 str(step.model_version) if step.model_version > 0 else "",
                 dict(step.input_map),
                 dict(step.output_map),
@@ -326,6 +336,10 @@ class EnsembleVersion(ModelVersion):
         return models is not None and all(m.ready_check() for m in models)
 
     def infer(self, request: InferRequest) -> asyncio.Future[InferResponse]:
+        given, rows = self._validate(request)
+        return asyncio.get_running_loop().create_task(self._run(request, given, rows))
+
+    def _validate(self, request: InferRequest) -> tuple[dict[str, tuple[str, np.ndarray]], int]:
         if self.state is not ModelState.READY:
             raise unavailable(
                 f"Request for unknown model: '{self.name}' version {self.version} is not at "
@@ -334,8 +348,55 @@ class EnsembleVersion(ModelVersion):
         inputs, rows = validate_request(
             request, self.name, self.config.max_batch_size, self.inputs, self.outputs
         )
-        given = {t.name: (t.datatype, inputs[t.name]) for t in request.inputs}
-        return asyncio.get_running_loop().create_task(self._run(request, given, rows))
+        return {t.name: (t.datatype, inputs[t.name]) for t in request.inputs}, rows
+
+    def infer_stream(
+        self,
+        request: InferRequest,
+        empty_final: bool | None = None,
+        mark_final: bool | None = None,
+    ) -> AsyncIterator[InferResponse]:
+        """A decoupled ensemble (one of its steps is decoupled): the steps before the decoupled
+        one run once, then each of its responses is an ensemble response
+        (core/ensemble_stream.py)."""
+        given, rows = self._validate(request)
+        asked = bool(request.parameters.get("triton_enable_empty_final_response"))
+        return stream_ensemble(
+            self,
+            request,
+            given,
+            rows,
+            asked if empty_final is None else empty_final,
+            asked if mark_final is None else mark_final,
+        )
+
+    def streamed_step(self) -> _Step | None:
+        """The decoupled step whose responses the ensemble streams (checked at load)."""
+        decoupled = [
+            step
+            for step in self._steps
+            if self._composer.is_decoupled(step.model_name, step.model_version)
+        ]
+        return decoupled[0] if decoupled else None
+
+    def step_request(
+        self, request: InferRequest, step: _Step, tensors: dict[str, tuple[str, np.ndarray]]
+    ) -> InferRequest:
+        """The request a step's model gets: its inputs from the ensemble tensors."""
+        inputs = []
+        for model_input, tensor in step.input_map.items():
+            if tensor in tensors:
+                datatype, array = tensors[tensor]
+                inputs.append(Tensor(model_input, datatype, array.shape, array))
+        return InferRequest(
+            model_name=step.model_name,
+            model_version=step.model_version,
+            id=request.id,
+            inputs=inputs,
+            outputs=[RequestedOutput(name) for name in step.output_map],
+            parameters=dict(request.parameters),
+            trace=request.trace,
+        )
 
     async def _run(
         self, request: InferRequest, given: dict[str, tuple[str, np.ndarray]], rows: int
@@ -372,14 +433,18 @@ class EnsembleVersion(ModelVersion):
             )
 
     async def _execute(
-        self, request: InferRequest, given: dict[str, tuple[str, np.ndarray]]
+        self,
+        request: InferRequest,
+        given: dict[str, tuple[str, np.ndarray]],
+        skip: _Step | None = None,
     ) -> dict[str, tuple[str, np.ndarray]]:
-        """Run every step once its inputs exist; the ensemble tensors (datatype, array)."""
+        """Run every step (but `skip`) once its inputs exist; the ensemble tensors (datatype,
+        array)."""
         tensors = dict(given)
         # Tensors that will never exist: optional ensemble inputs left out, outputs a step's
         # model did not send (a Python model may leave outputs out).
         absent = {name for name in self.inputs if name not in given}
-        waiting = list(self._steps)
+        waiting = [step for step in self._steps if step is not skip]
         running: dict[asyncio.Future[InferResponse], _Step] = {}
         try:
             while waiting or running:
@@ -418,20 +483,7 @@ class EnsembleVersion(ModelVersion):
         self, request: InferRequest, step: _Step, tensors: dict[str, tuple[str, np.ndarray]]
     ) -> asyncio.Future[InferResponse]:
         """Send one step's request to its model (an error raised at once becomes its result)."""
-        inputs = []
-        for model_input, tensor in step.input_map.items():
-            if tensor in tensors:
-                datatype, array = tensors[tensor]
-                inputs.append(Tensor(model_input, datatype, array.shape, array))
-        step_request = InferRequest(
-            model_name=step.model_name,
-            model_version=step.model_version,
-            id=request.id,
-            inputs=inputs,
-            outputs=[RequestedOutput(name) for name in step.output_map],
-            parameters=dict(request.parameters),
-            trace=request.trace,
-        )
+        step_request = self.step_request(request, step, tensors)
         try:
             return self._composer.infer(step_request, STEP_CALLER)
         except InferenceServerError as exc:

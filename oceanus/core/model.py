@@ -15,8 +15,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core import datatypes
 from oceanus.core.errors import ErrorCode, InferenceServerError, unavailable
+from oceanus.core.implicit_state import StateKeeper
 from oceanus.core.instance import BatchResult, InstanceWorker, Job
+from oceanus.core.rate_limiter import ModelGate
 from oceanus.core.scheduler import Scheduler
+from oceanus.core.schedulers import make_scheduler
 from oceanus.core.sequence import SequenceScheduler
 from oceanus.core.shared_memory import write_output
 from oceanus.core.statistics import ModelStatistics
@@ -74,10 +77,18 @@ class ModelVersion:
         """Requests queued or executing (a retiring version waits for none to be left)."""
         return self.scheduler.pending_count if self.scheduler is not None else 0
 
-    def start(self, workers: list[InstanceWorker]) -> None:
-        """Attach loaded instances; runs on the event loop."""
-        scheduler = SequenceScheduler if self.config.HasField("sequence_batching") else Scheduler
-        self.scheduler = scheduler(self.config, workers, self.stats, self._complete)
+    def start(
+        self,
+        workers: list[InstanceWorker],
+        gate: ModelGate[InstanceWorker] | None = None,
+        states: StateKeeper | None = None,
+    ) -> None:
+        """Attach loaded instances (behind the rate limiter's `gate`, when it is on; keeping
+        sequences' implicit `states`); runs on the event loop."""
+        self.scheduler = make_scheduler(self.config, workers, self.stats, self._complete)
+        self.scheduler.attach_gate(gate)
+        if isinstance(self.scheduler, SequenceScheduler):
+            self.scheduler.keep_states(states)
         self._loop = asyncio.get_running_loop()
         self._workers = workers
         self.state = ModelState.READY

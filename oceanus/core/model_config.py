@@ -16,6 +16,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core.errors import InferenceServerError, invalid_arg, unsupported
+from oceanus.core.implicit_state import validate_states
 
 ModelConfig = mc.ModelConfig
 
@@ -172,6 +173,9 @@ def _normalize_sequence_batching(config: mc.ModelConfig) -> None:
     batching = config.sequence_batching
     if batching.max_sequence_idle_microseconds == 0:
         batching.max_sequence_idle_microseconds = SEQUENCE_IDLE_DEFAULT_US
+    oldest = batching.oldest
+    if batching.HasField("oldest") and not oldest.preferred_batch_size and config.max_batch_size:
+        oldest.preferred_batch_size.append(config.max_batch_size)
 
 
 def sequence_control_types(config: mc.ModelConfig) -> dict[str, str]:
@@ -192,7 +196,14 @@ def sequence_control_types(config: mc.ModelConfig) -> dict[str, str]:
             else:
                 name = "BOOL"
             types[control_input.name] = name.replace("STRING", "BYTES")
+    for state in config.sequence_batching.state:  # implicit state inputs come the same way
+        types[state.input_name] = mc.DataType.Name(state.data_type)[5:].replace("STRING", "BYTES")
     return types
+
+
+def sequence_state_outputs(config: mc.ModelConfig) -> set[str]:
+    """The implicit state outputs: model outputs the config's `output` section does not list."""
+    return {state.output_name for state in config.sequence_batching.state}
 
 
 def validate_sequence_batching(config: mc.ModelConfig) -> None:
@@ -200,15 +211,23 @@ def validate_sequence_batching(config: mc.ModelConfig) -> None:
     batching = config.sequence_batching
     model = config.name
     if batching.HasField("oldest"):
-        raise unsupported(
-            f"model '{model}': sequence_batching strategy 'oldest' is not supported yet by "
-            "Oceanus; use the direct strategy ('direct { }' or no strategy)"
-        )
-    if batching.state:
-        raise unsupported(
-            f"model '{model}': implicit state management (sequence_batching 'state') is not "
-            "supported yet by Oceanus"
-        )
+        for size in batching.oldest.preferred_batch_size:
+            if size <= 0:
+                raise invalid_arg(
+                    f"sequence batching preferred batch size must be positive for {model}"
+                )
+            if size > config.max_batch_size:
+                raise invalid_arg(
+                    f"sequence batching preferred batch size must be <= max batch size for {model}"
+                )
+    if batching.HasField("direct"):
+        utilization = batching.direct.minimum_slot_utilization
+        if utilization < 0.0 or utilization > 1.0:
+            raise invalid_arg(
+                "sequence batching minimum slot utilization must be in range (0.0, 1.0] for "
+                f"{model}"
+            )
+    validate_states(config)
     if batching.iterative_sequence:
         raise unsupported(
             f"model '{model}': iterative sequences (sequence_batching 'iterative_sequence') are "

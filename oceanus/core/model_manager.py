@@ -23,8 +23,10 @@ from oceanus.core import ensemble, repository, warmup
 from oceanus.core.backend import Backend, ServerHandle
 from oceanus.core.backend_registry import BackendRegistry
 from oceanus.core.errors import InferenceServerError, invalid_arg
+from oceanus.core.implicit_state import StateKeeper, state_specs
 from oceanus.core.instance import InstanceWorker
 from oceanus.core.model import ModelEntry, ModelState, ModelVersion
+from oceanus.core.rate_limiter import RateLimiter
 
 log = logging.getLogger("oceanus.core.models")
 
@@ -52,9 +54,13 @@ class ModelManager:
         server: ServerHandle | None = None,
         response_cache: bool = False,
         refresh: Callable[[], None] | None = None,
+        rate_limiter: RateLimiter | None = None,
+        namespacing: bool = False,
     ) -> None:
         self.repositories = repositories
         self._refresh = refresh  # syncs mirrored repositories before each poll (blocking)
+        # --model-namespacing: same-named models in several repositories (repository.scan)
+        self.namespacing = namespacing
         self.backends = backends
         self.models = models
         self._run_blocking = run_blocking
@@ -70,6 +76,12 @@ class ModelManager:
         # Whether the server has a response cache (--cache-config): decoupled models that
         # enable it are then refused, as Triton refuses them.
         self._response_cache = response_cache
+        # Server-wide resources instances hold while they execute (--rate-limit).
+        self._rate_limiter = rate_limiter or RateLimiter()
+
+    def scan(self) -> dict[str, Path]:
+        """Model key -> folder in the repositories (blocking)."""
+        return repository.scan(self.repositories, self.namespacing)
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -115,7 +127,7 @@ class ModelManager:
                 )
             folder = await self._run_blocking(self._write_override, name, override, files)
         else:
-            folders = await self._run_blocking(repository.scan, self.repositories)
+            folders = await self._run_blocking(self.scan)
             folder = folders.get(name)
             if folder is None:
                 raise invalid_arg(f"failed to load '{name}', failed to poll from model repository")
@@ -151,7 +163,12 @@ class ModelManager:
                 exc.code, f"failed to load '{name}': {exc.message}"
             ) from None
         if backend is None:
-            fresh = await self._load_ensemble(name, config, paths)
+            keys = await self._run_blocking(self.scan) if self.namespacing else {}
+            steps = {
+                model: repository.key_near(model, folder, keys)
+                for model, _ in ensemble.composing_models(config)
+            }
+            fresh = await self._load_ensemble(name, config, paths, steps)
         else:
             fresh = await self._load_versions(name, config, backend, paths)
         ready = {v: mv for v, mv in fresh.items() if mv.ready}
@@ -173,7 +190,8 @@ class ModelManager:
         self, name: str, config: mc.ModelConfig, backend: Backend, paths: dict[int, Path]
     ) -> dict[int, ModelVersion]:
         loop = asyncio.get_running_loop()
-        fresh = {v: ModelVersion(name, v, config, path) for v, path in paths.items()}
+        shown = repository.display_name(name)
+        fresh = {v: ModelVersion(shown, v, config, path) for v, path in paths.items()}
         results = await asyncio.gather(
             *(
                 # Creates the instances, then runs the config's warmup samples on each.
@@ -197,20 +215,45 @@ class ModelManager:
             workers = [
                 InstanceWorker(spec, instance, batched, loop) for spec, instance in loaded.instances
             ]
-            version.start(workers)
+            try:
+                states = (
+                    StateKeeper(state_specs(config, version.path.parent))
+                    if config.sequence_batching.state
+                    else None
+                )
+                gate = self._rate_limiter.gate(
+                    name, config, workers, [spec.device_id for spec, _ in loaded.instances]
+                )
+            except InferenceServerError as exc:
+                for worker in workers:
+                    worker.instance.close()
+                version.state = ModelState.UNAVAILABLE
+                version.reason = exc.message
+                log.error("failed to load '%s' version %d: %s", name, loaded.version, exc.message)
+                continue
+            if gate is not None and log.isEnabledFor(logging.DEBUG):
+                log.debug("%s", self._rate_limiter.summary())
+            version.start(workers, gate, states)
             log.info("successfully loaded '%s' version %d", name, loaded.version)
         return fresh
 
     async def _load_ensemble(
-        self, name: str, config: mc.ModelConfig, paths: dict[int, Path]
+        self, name: str, config: mc.ModelConfig, paths: dict[int, Path], steps: dict[str, str]
     ) -> dict[int, ModelVersion]:
         """Load what the ensemble's steps need (as Triton does in every control mode), check
         the steps against those models, and make its versions (unavailable, with the reason,
         when a check fails)."""
-        reason = await self._ensemble_problem(name, config)
+        reason = await self._ensemble_problem(name, config, steps)
         fresh: dict[int, ModelVersion] = {}
         for version, path in paths.items():
-            model = ensemble.EnsembleVersion(name, version, config, path, self._composer_or_fail())
+            model = ensemble.EnsembleVersion(
+                repository.display_name(name),
+                version,
+                config,
+                path,
+                self._composer_or_fail(),
+                steps,
+            )
             if reason:
                 model.state, model.reason = ModelState.UNAVAILABLE, reason
                 log.error("failed to load '%s' version %d: %s", name, version, reason)
@@ -225,15 +268,19 @@ class ModelManager:
             raise RuntimeError("ensembles need the ModelManager's composer")
         return self._composer
 
-    async def _ensemble_problem(self, name: str, config: mc.ModelConfig) -> str:
-        """Why the ensemble cannot serve ("" when it can)."""
+    async def _ensemble_problem(
+        self, name: str, config: mc.ModelConfig, steps: dict[str, str]
+    ) -> str:
+        """Why the ensemble cannot serve ("" when it can); `steps`: each composing model's
+        key."""
         dependencies = ensemble.composing_models(config)
         cycle = await self._run_blocking(self._ensemble_cycle, name, config)
         if cycle:
             return "circular dependency between ensembles: " + " -> ".join(cycle)
         names = list(dict.fromkeys(model for model, _ in dependencies))
         results = await asyncio.gather(
-            *(self.ensure_loaded(model) for model in names), return_exceptions=True
+            *(self.ensure_loaded(steps.get(model, model)) for model in names),
+            return_exceptions=True,
         )
         configs: dict[str, mc.ModelConfig] = {}
         for model, result in zip(names, results, strict=True):
@@ -248,7 +295,7 @@ class ModelManager:
                 return f"ensemble '{name}' depends on '{model}' which has no loaded version."
             configs[model] = result.config
         for model, version in dependencies:
-            found = self.models[model].versions.get(version)
+            found = self.models[steps.get(model, model)].versions.get(version)
             if version >= 0 and (found is None or not found.ready):
                 return (
                     f"ensemble '{name}' depends on '{model}' whose required version {version} "
@@ -262,7 +309,7 @@ class ModelManager:
 
     def _ensemble_cycle(self, name: str, config: mc.ModelConfig) -> list[str] | None:
         """A chain of ensembles in the repositories leading back to itself (blocking)."""
-        folders = repository.scan(self.repositories)
+        folders = self.scan()
         configs: dict[str, mc.ModelConfig | None] = {}
         pending = [m for m, _ in ensemble.composing_models(config)]
         while pending:
@@ -348,7 +395,7 @@ class ModelManager:
         """Load new and changed models, unload removed ones (--model-control-mode=poll)."""
         if self._refresh is not None:
             await self._run_blocking(self._refresh)
-        folders = await self._run_blocking(repository.scan, self.repositories)
+        folders = await self._run_blocking(self.scan)
         for name, folder in folders.items():
             fingerprint = await self._run_blocking(_fingerprint, folder)
             if self._fingerprints.get(name) == fingerprint:

@@ -32,20 +32,48 @@ log = logging.getLogger("oceanus.core.repository")
 CONFIG_FILENAME = "config.pbtxt"
 
 
-def scan(repositories: Iterable[Path]) -> dict[str, Path]:
-    """Model name -> model folder for every folder in the repositories (hidden ones skipped)."""
-    found: dict[str, Path] = {}
+# --model-namespacing: a model name found in several repositories is known inside the core as
+# "<repository>::<name>" (each one), and shown by its plain name (docs/model-namespacing.md).
+NAMESPACE_SEPARATOR = "::"
+
+
+def scan(repositories: Iterable[Path], namespacing: bool = False) -> dict[str, Path]:
+    """Model key -> model folder for every folder in the repositories (hidden ones skipped).
+
+    The key is the folder's name; with `namespacing`, a name in several repositories gets one
+    "<repository>::<name>" key per repository (without, that is an error)."""
+    found: dict[str, list[Path]] = {}
     for repository in repositories:
         for entry in sorted(repository.iterdir()):
             if not entry.is_dir() or entry.name.startswith("."):
                 continue
-            if entry.name in found:
+            if entry.name in found and not namespacing:
                 raise invalid_arg(
                     f"model '{entry.name}' appears in multiple repositories: "
-                    f"{found[entry.name].parent} and {repository}"
+                    f"{found[entry.name][0].parent} and {repository}"
                 )
-            found[entry.name] = entry
-    return found
+            found.setdefault(entry.name, []).append(entry)
+    keys: dict[str, Path] = {}
+    for name, folders in found.items():
+        if len(folders) == 1:
+            keys[name] = folders[0]
+        else:
+            keys.update(
+                {f"{folder.parent}{NAMESPACE_SEPARATOR}{name}": folder for folder in folders}
+            )
+    return keys
+
+
+def display_name(key: str) -> str:
+    """A model's name as the API shows it (its key without the namespace)."""
+    return key.rpartition(NAMESPACE_SEPARATOR)[2]
+
+
+def key_near(name: str, folder: Path, keys: Iterable[str]) -> str:
+    """The key of model `name` as the model in `folder` sees it: the one in its own repository
+    when the name is namespaced (ensembles resolve their steps within their repository)."""
+    own = f"{folder.parent}{NAMESPACE_SEPARATOR}{name}"
+    return own if own in set(keys) else name
 
 
 def is_number(text: str) -> bool:

@@ -30,6 +30,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core.errors import ErrorCode, InferenceServerError, unavailable
 from oceanus.core.instance import BatchResult, InstanceWorker, Job
+from oceanus.core.rate_limiter import ModelGate
 from oceanus.core.statistics import ModelStatistics
 
 log = logging.getLogger("oceanus.core.scheduler")
@@ -111,9 +112,18 @@ class Scheduler:
         # Without dynamic batching nothing can join a request's batch: a cheap model's lone
         # request executes inside enqueue (see there) instead of a loop iteration later.
         self._in_place_allowed = not self._dynamic
+        # The rate limiter's view of the instances (--rate-limit=execution_count), if on.
+        self._gate: ModelGate[InstanceWorker] | None = None
         self._loop = asyncio.get_running_loop()
         for worker in workers:
             worker.start(self._on_batch_done)
+
+    def attach_gate(self, gate: ModelGate[InstanceWorker] | None) -> None:
+        """Run every batch through the rate limiter (core/rate_limiter.py): a formed batch
+        waits, still counted as queued time, until its instance's resources are allocated."""
+        self._gate = gate
+        if gate is not None:
+            self._in_place_allowed = False
 
     # ---- queue side -------------------------------------------------------------------------
 
@@ -207,14 +217,14 @@ class Scheduler:
             batch = self._form_batch()
             if not batch:
                 return
-            self._launch(self._idle.pop(), batch)
+            self._launch(self._take_idle(), batch)
+
+    def _take_idle(self) -> InstanceWorker:
+        return self._idle.pop() if self._gate is None else self._gate.take_idle(self._idle)
 
     def _launch(self, worker: InstanceWorker, batch: list[Job], in_place: bool = False) -> None:
         """Send a formed batch (its jobs already out of the queue, still counted in it) to an
         idle worker; `in_place`: a cheap model's lone request executes in this call."""
-        now = time.monotonic_ns()
-        for job in batch:
-            job.started_ns = now
         self._queued -= len(batch)
         self._executing += len(batch)
         if log.isEnabledFor(logging.DEBUG):
@@ -225,6 +235,15 @@ class Scheduler:
                 self._name,
                 worker.spec.name,
             )
+        if self._gate is not None:
+            self._gate.stage(worker, batch, self._run_batch)
+        else:
+            self._run_batch(worker, batch, in_place)
+
+    def _run_batch(self, worker: InstanceWorker, batch: list[Job], in_place: bool = False) -> None:
+        now = time.monotonic_ns()
+        for job in batch:
+            job.started_ns = now
         if in_place:
             # What this execution's completion dispatches goes through the loop (call_soon
             # below), so a queue never drains in one call without serving I/O between batches.
@@ -339,6 +358,8 @@ class Scheduler:
         now = time.monotonic_ns()
         self._executing -= len(batch)
         self._idle.append(worker)
+        if self._gate is not None:
+            self._gate.release(worker)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "instance %s executed a batch of %d for '%s' in %d us%s%s",
@@ -381,6 +402,11 @@ class Scheduler:
         if self._timer is not None:
             self._timer.cancel()
         now = time.monotonic_ns()
+        unloading = InferenceServerError(ErrorCode.UNAVAILABLE, "model is being unloaded")
+        for batch in self._gate.close() if self._gate is not None else []:
+            self._executing -= len(batch)
+            for job in batch:
+                self._finish(job, None, now, unloading)
         for queues in (self._queues, self._delayed):
             for queue in queues:
                 while queue:

@@ -31,6 +31,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core.errors import ErrorCode, InferenceServerError, invalid_arg, unavailable
+from oceanus.core.implicit_state import StateKeeper, States
 from oceanus.core.instance import BatchResult, InstanceWorker, Job
 from oceanus.core.scheduler import JobDone, Scheduler, _same_shapes
 from oceanus.core.statistics import ModelStatistics
@@ -56,6 +57,7 @@ class _Sequence:
     busy: bool = False  # one of its requests is executing
     ended: bool = False  # its END request is queued or executing
     last_ns: int = 0
+    states: States | None = None  # implicit state (core/implicit_state.py); None: initial
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +130,19 @@ class SequenceScheduler(Scheduler):
         self._backlog: deque[_Sequence] = deque()
         self._running: dict[int, _Sequence] = {}  # id(job) -> its sequence, while executing
         self._reaper: asyncio.TimerHandle | None = None
+        self._states: StateKeeper | None = None
+
+    def keep_states(self, states: StateKeeper | None) -> None:
+        """Carry implicit state from each request's output to its sequence's next input."""
+        self._states = states
+
+    def _prepare(self, job: Job, sequence: _Sequence) -> None:
+        """Before a request's shapes are compared for batching: its implicit state inputs."""
+        if self._states is None:
+            return
+        if job.request.parameters.get("sequence_start"):
+            sequence.states = None
+        self._states.add_inputs(job.inputs, sequence.states)
 
     # ---- queue side -------------------------------------------------------------------------
 
@@ -240,6 +255,7 @@ class SequenceScheduler(Scheduler):
                 if not sequence.jobs:
                     continue
                 job = sequence.jobs[0]
+                self._prepare(job, sequence)
                 if batch and not _same_shapes(batch[0], job):
                     continue  # a later batch takes it
                 sequence.jobs.popleft()
@@ -285,10 +301,12 @@ class SequenceScheduler(Scheduler):
         self, worker: InstanceWorker, batch: list[Job], result: BatchResult, inline: bool = False
     ) -> None:
         now = time.monotonic_ns()
-        for job in batch:
+        for index, job in enumerate(batch):
             sequence = self._running.pop(id(job), None)
             if sequence is None:
                 continue
+            if self._states is not None and result.error is None:
+                sequence.states = self._states.updated(sequence.states, result.outputs[index])
             sequence.busy = False
             sequence.last_ns = now
             if job.request.parameters.get("sequence_end") and not sequence.jobs:

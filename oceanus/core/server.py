@@ -29,6 +29,7 @@ from oceanus.core.errors import (
 )
 from oceanus.core.model import ModelEntry, ModelState, ModelVersion
 from oceanus.core.model_manager import ModelManager
+from oceanus.core.rate_limiter import RateLimiter, ResourceLimit
 from oceanus.core.response_cache import ResponseCache, cacheable
 from oceanus.core.shared_memory import SharedMemoryManager
 from oceanus.core.tracing import SpanExporter, TraceConfig, TraceManager
@@ -62,6 +63,11 @@ class CoreOptions:
     # Brings the repository folders up to date before a poll or an explicit load (blocking):
     # how folders that mirror object storage follow it (oceanus/storage). None: nothing to do.
     refresh_repositories: Callable[[], None] | None = None
+    # --rate-limit (execution_count | off) and --rate-limit-resource (core/rate_limiter.py).
+    rate_limit: str = "off"
+    rate_limit_resources: list[ResourceLimit] = field(default_factory=list)
+    # --model-namespacing: a model name may appear in several repositories.
+    model_namespacing: bool = False
 
 
 def _gpu_count() -> int:
@@ -92,6 +98,8 @@ class ServerCore:
             server=self,
             response_cache=options.response_cache_size > 0,
             refresh=options.refresh_repositories,
+            rate_limiter=RateLimiter(options.rate_limit, options.rate_limit_resources),
+            namespacing=options.model_namespacing,
         )
         self.tracer = TraceManager(options.trace, options.span_exporter)
         # Metric families the models create (Python models' pb_utils.MetricFamily), for /metrics.
@@ -123,7 +131,7 @@ class ServerCore:
         """Load the models the control mode asks for (several at a time, off the loop)."""
         options = self.options
         self._loop = asyncio.get_running_loop()
-        folders = await self._run_blocking(repository.scan, options.repositories)
+        folders = await self._run_blocking(self.manager.scan)
         if options.control_mode == "explicit":
             wanted = list(folders) if "*" in options.startup_models else options.startup_models
         else:
@@ -207,6 +215,8 @@ class ServerCore:
     def resolve(self, name: str, version: str = "") -> ModelVersion:
         """The model version a request names (the highest ready one when none is named)."""
         entry = self.models.get(name)
+        if entry is None and self.options.model_namespacing:
+            _check_unambiguous(name, self.models)
         if entry is None or (entry.error and not entry.versions):
             raise not_found(f"Request for unknown model: '{name}' is not found")
         if not version:
@@ -376,11 +386,12 @@ class ServerCore:
         """Triton's index: every model folder, with each known version's state (and reason)."""
         index: list[dict[str, Any]] = []
         try:
-            names = set(repository.scan(self.options.repositories))  # a few listdir calls
+            names = set(self.manager.scan())  # a few listdir calls
         except InferenceServerError:
             names = set()
-        for name in sorted(names | set(self.models)):
-            entry = self.models.get(name)
+        for key in sorted(names | set(self.models)):
+            entry = self.models.get(key)
+            name = repository.display_name(key)
             if entry is None or (not entry.versions and not entry.error):
                 if not ready_only:
                     index.append({"name": name})
@@ -424,3 +435,17 @@ async def _one(future: asyncio.Future[InferResponse]) -> AsyncIterator[InferResp
     finally:
         if not future.done():
             future.cancel()
+
+
+def _check_unambiguous(name: str, models: dict[str, ModelEntry]) -> None:
+    """A plain name that several namespaces hold (Triton's text: the API cannot name one)."""
+    count = sum(
+        1
+        for key in models
+        if repository.NAMESPACE_SEPARATOR in key and repository.display_name(key) == name
+    )
+    if count > 1:
+        raise invalid_arg(
+            f"There are {count} identifiers of model '{name}' in global map, model namespace "
+            "must be provided to resolve ambiguity."
+        )

@@ -37,6 +37,11 @@ def _registry() -> dict[str, ExampleModel]:
         ExampleModel("simple", small_models.SIMPLE_CONFIG, small_models.build_simple),
         ExampleModel("simple_dyna", small_models.SIMPLE_DYNA_CONFIG, small_models.build_simple),
         ExampleModel("slow_fp32", small_models.SLOW_CONFIG, small_models.build_slow),
+        ExampleModel(
+            small_models.ACCUMULATOR_NAME,
+            small_models.ACCUMULATOR_CONFIG,
+            small_models.build_accumulator,
+        ),
     ]
     for suffix in small_models.IDENTITY_TYPES:
         models.append(

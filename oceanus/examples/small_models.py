@@ -146,3 +146,41 @@ def build_slow(steps: int = SLOW_STEPS) -> onnx.ModelProto:
         [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 16])],
         [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 16])],
     )
+
+
+# accumulator_onnx: a running sum per sequence kept by the server (implicit state): OUTPUT =
+# INPUT_STATE + INPUT, and OUTPUT_STATE, the same sum, is what the next request of the sequence
+# gets as INPUT_STATE (zeros on its START request). docs/sequence-batching.md, "Implicit state".
+ACCUMULATOR_NAME = "accumulator_onnx"
+ACCUMULATOR_CONFIG = f"""\
+name: "{ACCUMULATOR_NAME}"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+sequence_batching {{
+  max_sequence_idle_microseconds: 5000000
+  oldest {{ max_candidate_sequences: 8 preferred_batch_size: [ 8 ] }}
+  state [
+    {{
+      input_name: "INPUT_STATE"
+      output_name: "OUTPUT_STATE"
+      data_type: TYPE_INT32
+      dims: [ 1 ]
+      initial_state {{ name: "zeros" data_type: TYPE_INT32 dims: [ 1 ] zero_data: true }}
+    }}
+  ]
+}}
+""" + _CPU_INSTANCE.format(count=1)
+
+
+def build_accumulator() -> onnx.ModelProto:
+    """OUTPUT = OUTPUT_STATE = INPUT + INPUT_STATE (INT32 [batch, 1])."""
+    b = GraphBuilder(ACCUMULATOR_NAME, seed=0)
+    total = b.op("Add", ["INPUT", "INPUT_STATE"], output="OUTPUT")
+    b.op("Identity", [total], output="OUTPUT_STATE")
+
+    def info(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.INT32, ["batch", 1])
+
+    return b.model([info("INPUT"), info("INPUT_STATE")], [info("OUTPUT"), info("OUTPUT_STATE")])

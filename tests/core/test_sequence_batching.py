@@ -290,7 +290,7 @@ def test_interleaved_sequences_keep_their_order_and_are_batched(seq_server: Any)
     assert max(batch_sizes) > 1
 
 
-def test_unsupported_strategies_are_refused_at_load(tmp_path: Path, launch: Any) -> None:
+def test_oldest_loads_and_a_bad_control_is_refused(tmp_path: Path, launch: Any) -> None:
     add_onnx(tmp_path, "seq_oldest", 4, "oldest { max_candidate_sequences: 4 }")
     add_python(
         tmp_path,
@@ -302,7 +302,7 @@ def test_unsupported_strategies_are_refused_at_load(tmp_path: Path, launch: Any)
     server = launch([tmp_path], ["--exit-on-error=false"])
     client = httpclient.InferenceServerClient(server.http_url)
     index = {m["name"]: m for m in client.get_model_repository_index()}
-    assert "'oldest' is not supported yet" in index["seq_oldest"]["reason"]
+    assert index["seq_oldest"]["state"] == "READY"  # tests/core/test_sequence_oldest.py
     assert (
         "sequence batching control 'int32_false_true' must have exactly 2 entries"
         in index["seq_bad_control"]["reason"]

@@ -105,6 +105,7 @@ def test_model_lists() -> None:
         "simple",
         "simple_dyna",
         "slow_fp32",
+        "accumulator_onnx",
         *(f"identity_{s}" for s in IDENTITY_SUFFIXES),
     }
     assert set(SMALL_MODELS) == set(EXAMPLE_MODELS) - {"resnet50_onnx", "text_classifier_onnx"}
@@ -133,7 +134,10 @@ def test_config_matches_graph(repo: pathlib.Path, name: str) -> None:
     assert config.platform == "onnxruntime_onnx"
     assert config.max_batch_size > 0
     graph = onnx.load(str(repo / name / "1" / "model.onnx"), load_external_data=False).graph
-    for tensors, values in ((config.input, graph.input), (config.output, graph.output)):
+    # Implicit state tensors are model inputs/outputs the config does not list.
+    state = {n for s in config.sequence_batching.state for n in (s.input_name, s.output_name)}
+    for tensors, all_values in ((config.input, graph.input), (config.output, graph.output)):
+        values = [v for v in all_values if v.name not in state]
         assert [t.name for t in tensors] == [v.name for v in values]
         for tensor, value in zip(tensors, values, strict=True):
             type_name = model_config_pb2.DataType.Name(tensor.data_type)

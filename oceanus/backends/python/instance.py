@@ -134,6 +134,9 @@ class PythonInstance(RequestInstance):
         # The sequence batcher's control tensors (START, END, READY, CORRID) reach execute too.
         self._input_types.update(sequence_control_types(config))
         self._all_outputs = [t.name for t in config.output]
+        # Implicit state outputs always come back: the core carries them to the sequence's next
+        # request (Triton 2.51's Python backend drops them; docs/sequence-batching.md).
+        self._state_outputs = [s.output_name for s in config.sequence_batching.state]
         version_dir = model_path.parent
         self._args = {
             "model_config": json.dumps(message_to_dict(config)),
@@ -443,6 +446,8 @@ class PythonInstance(RequestInstance):
     def _request_fields(self, request: InferRequest) -> tuple[Any, ...]:
         """(correlation id, flags, timeout, parameters JSON, requested output names)."""
         names = self._all_outputs if request.outputs is None else [o.name for o in request.outputs]
+        if self._state_outputs:
+            names = names + self._state_outputs
         parameters = request.parameters
         if not parameters:
             return (0, 0, 0, "{}", names)
@@ -456,7 +461,8 @@ class PythonInstance(RequestInstance):
         if not isinstance(timeout, int):
             timeout = 0
         custom = {k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS}
-        return (correlation, flags, timeout, json.dumps(custom), names)
+        # Compact, as Triton's request.parameters() text is.
+        return (correlation, flags, timeout, json.dumps(custom, separators=(",", ":")), names)
 
     def _timed_out(self, batch_id: int, stub: Stub) -> InferenceServerError:
         with self._lock:

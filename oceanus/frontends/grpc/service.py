@@ -32,6 +32,7 @@ from oceanus.frontends.decoding import DECODE_ON_THREAD_BYTES
 from oceanus.frontends.grpc import codec, health
 from oceanus.frontends.grpc.errors import grpc_status
 from oceanus.frontends.grpc.methods import UNARY_METHODS, Context, restricted
+from oceanus.frontends.header_forward import HeaderForward
 from oceanus.frontends.log_settings import (
     BadLogSetting,
     apply_log_settings,
@@ -114,9 +115,12 @@ class GrpcService:
         core: ServerCore,
         restrictions: dict[str, tuple[str, str]] | None = None,
         log_settings: LogSettings | None = None,
+        header_forward: str = "",
     ) -> None:
         self.core = core
         self.restrictions = restrictions or {}
+        # --grpc-header-forward-pattern
+        self.header_forward = HeaderForward(header_forward)
         self.log_settings = log_settings  # the server's live settings; None: LogSettings is off
         # Set on shutdown: open streams answer what they have received, then end.
         self.draining = asyncio.Event()
@@ -319,6 +323,8 @@ class GrpcService:
                 request = await asyncio.to_thread(codec.decode, data, self.core.shared_memory)
             else:
                 request = codec.decode(data, self.core.shared_memory)
+            if self.header_forward:
+                self.header_forward.apply(context.invocation_metadata() or (), request.parameters)
             if self.core.tracer.active:
                 return await self._traced_infer(request, context)
             response = await self.core.infer(request, caller="ModelInfer RPC")
@@ -362,7 +368,8 @@ class GrpcService:
         outbox: Outbox = asyncio.Queue()
         pending: set[asyncio.Future[Any]] = set()
         writer = asyncio.ensure_future(_write_all(outbox, context))
-        reader = asyncio.ensure_future(self._read_stream(requests, outbox, pending))
+        metadata = list(context.invocation_metadata() or ()) if self.header_forward else []
+        reader = asyncio.ensure_future(self._read_stream(requests, outbox, pending, metadata))
         drain = asyncio.ensure_future(self.draining.wait())
         try:
             await asyncio.wait([reader, drain], return_when=asyncio.FIRST_COMPLETED)
@@ -379,19 +386,29 @@ class GrpcService:
                 writer.cancel()
 
     async def _read_stream(
-        self, requests: AsyncIterator[bytes], outbox: Outbox, pending: set[asyncio.Future[Any]]
+        self,
+        requests: AsyncIterator[bytes],
+        outbox: Outbox,
+        pending: set[asyncio.Future[Any]],
+        metadata: list[tuple[str, Any]],
     ) -> None:
         async for data in requests:
-            self._stream_request(data, outbox, pending)
+            self._stream_request(data, outbox, pending, metadata)
 
     def _stream_request(
-        self, data: bytes, outbox: Outbox, pending: set[asyncio.Future[Any]]
+        self,
+        data: bytes,
+        outbox: Outbox,
+        pending: set[asyncio.Future[Any]],
+        metadata: list[tuple[str, Any]] | None = None,
     ) -> None:
         request_id = ""
         try:
             message, raw = codec.parse_infer_request(data)
             request_id = message.id
             request = codec.decode_infer_request(message, raw, self.core.shared_memory)
+            if metadata:
+                self.header_forward.apply(metadata, request.parameters)
             if self.core.is_decoupled(request.model_name, request.model_version):
                 # 0..N responses, each marked with triton_final_response as Triton marks them
                 responses = self.core.infer_stream(request, mark_final=True)

@@ -18,6 +18,7 @@ from oceanus.core.server import ServerCore
 from oceanus.core.tracing import Trace, TraceSettingError
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.decoding import DECODE_ON_THREAD_BYTES
+from oceanus.frontends.header_forward import HeaderForward
 from oceanus.frontends.http import codec, generate, shared_memory
 from oceanus.frontends.http.errors import http_status
 from oceanus.frontends.http.extensions import decode_files, handle_logging
@@ -59,9 +60,12 @@ class HttpFrontend:
         max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
         log_settings: LogSettings | None = None,
         restrictions: dict[str, tuple[str, str]] | None = None,
+        header_forward: str = "",
     ) -> None:
         self.core = core
         self.max_input_size = max_input_size
+        # --http-header-forward-pattern
+        self.header_forward = HeaderForward(header_forward)
         self.log_settings = log_settings
         # --http-restricted-api: category -> (header, value)
         self.restrictions = {
@@ -201,6 +205,8 @@ class HttpFrontend:
     def _submit(
         self, request: HttpRequest, infer_request: InferRequest, finisher: Finisher
     ) -> Pending:
+        if self.header_forward:
+            self.header_forward.apply(request.header_items(), infer_request.parameters)
         if self.core.tracer.active:
             trace = self._start_trace(request, infer_request)
             if trace is not None:

@@ -53,6 +53,13 @@ class HttpRequest:
     # Monotonic times of the request's first byte and of its last (trace timestamps).
     begin_ns: int = 0
     end_ns: int = 0
+    # Header names as the client wrote them, where not lower-case (header forwarding keeps them).
+    names: dict[bytes, bytes] | None = None
+
+    def header_items(self) -> list[tuple[str, bytes]]:
+        """(name as sent, value) of every header."""
+        names = self.names or {}
+        return [(names.get(k, k).decode("latin-1"), v) for k, v in self.headers.items()]
 
 
 @dataclass(slots=True)
@@ -134,6 +141,7 @@ class HttpProtocol(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._url = b""
         self._headers: dict[bytes, bytes] = {}
+        self._names: dict[bytes, bytes] = {}
         self._body: list[bytes] = []
         self._body_size = 0
         self._too_large = False
@@ -227,6 +235,7 @@ class HttpProtocol(asyncio.Protocol):
             self._busy_poll.request_began(self._begin_ns)
         self._url = b""
         self._headers = {}
+        self._names = {}
         self._body = []
         self._body_size = 0
         self._too_large = False
@@ -245,7 +254,10 @@ class HttpProtocol(asyncio.Protocol):
         if self._header_count > MAX_HEADERS:
             self._refusal = HttpResponse(431, b'{"error":"Request Header Fields Too Large"}')
             raise ValueError("too many headers")  # stops the parser
-        self._headers[name.lower()] = value
+        lowered = name.lower()
+        self._headers[lowered] = value
+        if lowered != name:
+            self._names[lowered] = name
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -286,6 +298,7 @@ class HttpProtocol(asyncio.Protocol):
             self._too_large,
             self._begin_ns,
             time.monotonic_ns(),
+            self._names or None,
         )
 
     def _queue(self, request: HttpRequest, keep_alive: bool) -> None:

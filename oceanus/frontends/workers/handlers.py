@@ -26,6 +26,7 @@ from oceanus.frontends.grpc import codec as grpc_codec
 from oceanus.frontends.grpc import health
 from oceanus.frontends.grpc.errors import grpc_status
 from oceanus.frontends.grpc.methods import SERVICE_NAME, UNARY_METHODS, Context, restricted
+from oceanus.frontends.header_forward import HeaderForward
 from oceanus.frontends.http.app import check_restriction
 from oceanus.frontends.http.infer import (
     HTTP_CALLER,
@@ -72,9 +73,11 @@ class WorkerHttp:
         client: CoreClient,
         max_input_size: int,
         restrictions: dict[str, tuple[str, str]] | None = None,
+        header_forward: str = "",
     ) -> None:
         self._client = client
         self._max_input_size = max_input_size
+        self._header_forward = HeaderForward(header_forward)
         self._restrictions = {
             category: (header.encode("latin-1"), value.encode("latin-1"))
             for category, (header, value) in (restrictions or {}).items()
@@ -92,6 +95,8 @@ class WorkerHttp:
                 infer_request, finisher = decode_infer(
                     request, route[0], route[1], CORE_REGIONS, self._max_input_size
                 )
+                if self._header_forward:
+                    self._header_forward.apply(request.header_items(), infer_request.parameters)
                 return Pending(self._client.infer(infer_request, HTTP_CALLER), finisher)
             except Exception:  # NeedsCore, or a mistake the core answers in its own words
                 pass
@@ -106,6 +111,8 @@ class WorkerHttp:
             infer_request, finisher = decode_infer(
                 request, name, version, CORE_REGIONS, self._max_input_size
             )
+            if self._header_forward:
+                self._header_forward.apply(request.header_items(), infer_request.parameters)
             return infer_request, finisher, encode_request(infer_request)
 
         try:
@@ -129,10 +136,14 @@ class WorkerGrpc:
     """The worker's gRPC handlers: ModelInfer decoded here, everything else by the core."""
 
     def __init__(
-        self, client: CoreClient, restrictions: dict[str, tuple[str, str]] | None = None
+        self,
+        client: CoreClient,
+        restrictions: dict[str, tuple[str, str]] | None = None,
+        header_forward: str = "",
     ) -> None:
         self._client = client
         self._restrictions = restrictions or {}
+        self._header_forward = HeaderForward(header_forward)
         # Set on shutdown: open streams stop taking requests, answer the ones they have, end.
         self.draining = asyncio.Event()
 
@@ -156,6 +167,8 @@ class WorkerGrpc:
                     request = await asyncio.to_thread(grpc_codec.decode, data, CORE_REGIONS)
                 else:
                     request = grpc_codec.decode(data, CORE_REGIONS)
+                if self._header_forward:
+                    self._header_forward.apply(_metadata(context), request.parameters)
                 future = client.infer(request, GRPC_CALLER)
             except Exception:  # NeedsCore, or a mistake the core answers in its own words
                 future = None

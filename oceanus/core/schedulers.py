@@ -1,0 +1,25 @@
+"""Which scheduler a model version gets, from its config's scheduling choice."""
+
+from __future__ import annotations
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from oceanus.core.instance import InstanceWorker
+from oceanus.core.scheduler import JobDone, Scheduler
+from oceanus.core.sequence import SequenceScheduler
+from oceanus.core.sequence_oldest import OldestSequenceScheduler
+from oceanus.core.statistics import ModelStatistics
+
+
+def make_scheduler(
+    config: mc.ModelConfig,
+    workers: list[InstanceWorker],
+    stats: ModelStatistics,
+    on_job_done: JobDone,
+) -> Scheduler:
+    """The dynamic batcher (or none), or the sequence batcher with its strategy."""
+    if not config.HasField("sequence_batching"):
+        return Scheduler(config, workers, stats, on_job_done)
+    if config.sequence_batching.HasField("oldest"):
+        return OldestSequenceScheduler(config, workers, stats, on_job_done)
+    return SequenceScheduler(config, workers, stats, on_job_done)
