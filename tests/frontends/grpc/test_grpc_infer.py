@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+import urllib.request
 from typing import Any
 
 import grpc
@@ -286,6 +288,17 @@ def _slow_counts(client: grpcclient.InferenceServerClient) -> tuple[int, int, in
     )
 
 
+def _pending(server: Any) -> int:
+    """slow_fp32's nv_inference_pending_request_count (queued plus executing requests)."""
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    found = re.search(
+        r'^nv_inference_pending_request_count\{[^}]*model="slow_fp32"[^}]*\} (\S+)$', text, re.M
+    )
+    return int(float(found.group(1))) if found else 0
+
+
 def wait_for_accounting(
     client: grpcclient.InferenceServerClient, before: tuple[int, int, int], total: int
 ) -> tuple[int, int, int]:
@@ -322,10 +335,14 @@ def test_client_cancellation_drops_queued_requests(
             )
 
         try:
-            blockers = [infer() for _ in range(3)]  # ~30 ms each, one at a time
+            blockers = [infer() for _ in range(6)]  # ~30 ms each, one at a time
             await asyncio.sleep(0.01)
             queued = [infer() for _ in range(6)]
-            await asyncio.sleep(0.03)  # sent and queued behind the blockers
+            # cancel only once the server holds all six behind a blocker that still runs
+            # (a slow machine may take longer than the blockers to send them otherwise)
+            deadline = time.monotonic() + 10
+            while await asyncio.to_thread(_pending, server) < 7 and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
             for task in queued:
                 task.cancel()
             await asyncio.gather(*queued, return_exceptions=True)
@@ -334,8 +351,8 @@ def test_client_cancellation_drops_queued_requests(
             await client.close()
 
     asyncio.run(main())
-    succeeded, failed, executions = wait_for_accounting(grpc_client, before, 9)
+    succeeded, failed, executions = wait_for_accounting(grpc_client, before, 12)
     # the blockers succeed; cancelled requests fail as CANCELED, and those still queued when
     # cancelled never execute
-    assert succeeded >= 3 and failed >= 1, (succeeded, failed, executions)
-    assert executions < succeeded + failed <= 9, (succeeded, failed, executions)
+    assert succeeded >= 6 and failed >= 1, (succeeded, failed, executions)
+    assert executions < succeeded + failed <= 12, (succeeded, failed, executions)
