@@ -159,3 +159,14 @@ def test_log_verbose_shows_each_request_path(model_repository: Path, launch: Any
     assert "batch of 1 request(s), 1 row(s) formed for 'simple_dyna' on instance" in log
     assert "executed a batch of 1 for 'simple_dyna'" in log
     assert "HTTP infer responded" in log
+    # ONNX Runtime's tiny `simple` is cheap enough for the event loop (core/instance.py; the
+    # rules themselves: tests/core/test_instances.py): after its first two batches on the
+    # instance thread, lone requests execute in place. Wall time decides, so only "some".
+    for _ in range(30):
+        client.infer("simple", inputs)
+    lines = server.log().splitlines()
+    simple = [line for line in lines if "executed a batch of 1 for 'simple' in" in line]
+    assert len(simple) == 30
+    assert "on the event loop" not in simple[0] + simple[1]
+    assert sum("on the event loop" in line for line in simple) >= 5
+    assert any("for 'simple' executes in place" in line for line in lines)

@@ -128,6 +128,8 @@ class Executed:
     inputs: Arrays  # the assembled batch (batch style) or the first request's inputs
     rows: int
     request_ids: list[str] = field(default_factory=list)  # request style: the requests, in order
+    # Where it ran: the instance's thread (named as the instance) or the event loop's.
+    thread: str = field(default_factory=lambda: threading.current_thread().name)
 
 
 Compute = Callable[[Arrays, str], Arrays]
