@@ -272,9 +272,13 @@ class SequenceScheduler(Scheduler):
                 return
 
     def _drop_cancelled_of(self, sequence: _Sequence, now: int) -> None:
+        if not (sequence.jobs and sequence.jobs[0].future.done()):
+            return
         while sequence.jobs and sequence.jobs[0].future.done():
             self._queued -= 1
             self._finish(sequence.jobs.popleft(), None, now, None)
+        if not sequence.jobs:
+            self._arm_reaper()  # idle now: it may time out
 
     def _add_controls(self, job: Job, sequence: _Sequence) -> None:
         parameters = job.request.parameters
@@ -301,6 +305,7 @@ class SequenceScheduler(Scheduler):
         self, worker: InstanceWorker, batch: list[Job], result: BatchResult, inline: bool = False
     ) -> None:
         now = self._now_ns()
+        idle = False
         for index, job in enumerate(batch):
             sequence = self._running.pop(id(job), None)
             if sequence is None:
@@ -309,17 +314,27 @@ class SequenceScheduler(Scheduler):
                 sequence.states = self._states.updated(sequence.states, result.outputs[index])
             sequence.busy = False
             sequence.last_ns = now
-            if job.request.parameters.get("sequence_end") and not sequence.jobs:
-                self._release(sequence)
+            if not sequence.jobs:
+                if job.request.parameters.get("sequence_end"):
+                    self._release(sequence)
+                else:
+                    idle = True
         super()._on_batch_done(worker, batch, result, inline)
+        if idle:
+            self._arm_reaper()
 
     # ---- idle sequences ---------------------------------------------------------------------
 
     def _arm_reaper(self) -> None:
-        if self._reaper is not None or not self._sequences or self._closed:
+        """Time the release of the sequence idle the longest. Only idle sequences (nothing
+        queued or executing) count: a timer for one that is busy or waiting would be due
+        already and fire again on every loop iteration until it is idle. Armed whenever a
+        sequence may have become idle: a request finished or was cancelled, or one arrived."""
+        if self._reaper is not None or self._closed:
             return
-        due = min(s.last_ns for s in self._sequences.values()) + self._idle_ns
-        self._reaper = self._clock.call_at(due, self._reap)
+        idle = [s.last_ns for s in self._sequences.values() if not s.busy and not s.jobs]
+        if idle:
+            self._reaper = self._clock.call_at(min(idle) + self._idle_ns, self._reap)
 
     def _reap(self) -> None:
         """Release the sequences idle (nothing queued or executing) for longer than
