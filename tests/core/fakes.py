@@ -271,11 +271,13 @@ class FakeRequestInstance(RequestInstance):
         answers: list[Arrays | InferenceServerError] = []
         for job in jobs:
             error = self.model.request_errors.get(job.request.id)
-            answers.append(
-                error
-                if error is not None
-                else self.model.outputs(self.config, dict(job.inputs), self.name)
-            )
+            if error is None:
+                try:  # a `compute` raising InferenceServerError answers this request only
+                    answers.append(self.model.outputs(self.config, dict(job.inputs), self.name))
+                except InferenceServerError as exc:
+                    answers.append(exc)
+            else:
+                answers.append(error)
         return RequestsResult(answers)
 
 
