@@ -33,10 +33,14 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
         (["--model-control-mode=sometimes"], "invalid choice: 'sometimes'"),
     ],
 )
-def test_bad_flags_exit_2_with_one_clear_line(args: list[str], words: str) -> None:
-    result = run_cli(*args)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
+def test_bad_flags_exit_2_with_one_clear_line(
+    args: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The parser `python -m oceanus` runs (its process: test_help_lists_triton_flag_names)."""
+    with pytest.raises(SystemExit) as exited:
+        parse_args(args)
+    assert exited.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1
     assert words in lines[0]
 
@@ -134,13 +138,9 @@ def test_strict_readiness_false_ignores_failed_models(broken_repository: Path, l
     assert get(server, "GET", "/v2/health/ready")[0] == 200
 
 
-def test_sigterm_stops_cleanly(model_repository: Path, launch: Any) -> None:
-    server = launch([model_repository], ["--allow-grpc=false"])
-    assert server.stop() == 0
-    assert "Started HTTPService at 127.0.0.1" in server.log()
-
-
-def test_log_verbose_shows_each_request_path(model_repository: Path, launch: Any) -> None:
+def test_log_verbose_shows_each_request_path_and_sigterm_stops_cleanly(
+    model_repository: Path, launch: Any
+) -> None:
     import numpy as np
     import tritonclient.http as httpclient
 
@@ -170,3 +170,5 @@ def test_log_verbose_shows_each_request_path(model_repository: Path, launch: Any
     assert "on the event loop" not in simple[0] + simple[1]
     assert sum("on the event loop" in line for line in simple) >= 5
     assert any("for 'simple' executes in place" in line for line in lines)
+    assert server.stop() == 0
+    assert "Started HTTPService at 127.0.0.1" in server.log()
