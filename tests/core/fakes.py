@@ -440,13 +440,6 @@ def scheduler_of(core: ServerCore, model: str) -> Any:
     return version.scheduler
 
 
-async def settle() -> None:
-    """Let callbacks the loop already holds run (completions handed over by instance threads
-    arrive through `call_soon_threadsafe`); yields, never sleeps for a time."""
-    for _ in range(5):
-        await asyncio.sleep(0)
-
-
 async def until(predicate: Callable[[], bool]) -> None:
     """Yield to the loop until `predicate` holds, for states no event announces (what the
     loop does with a batch an instance thread handed back). Yields, never sleeps for a time."""

@@ -70,17 +70,14 @@ async def gather_results(
     model: str,
     requests: list[list[Any]],
     options: list[dict[str, Any]] | None = None,
-    stagger: float = 0.0,
 ) -> list[Any]:
     """Send requests concurrently; each result is an InferResult or the exception raised."""
     client = aioclient.InferenceServerClient(server.http_url)
     try:
-        # One open connection per request before the clock starts: otherwise connection setup on
-        # a loaded machine can eat the stagger and requests meant to queue arrive together.
+        # One open connection per request first, so that the requests leave together.
         await asyncio.gather(*(client.is_server_live() for _ in requests))
 
         async def one(index: int, inputs: list[Any]) -> Any:
-            await asyncio.sleep(stagger * index)
             kwargs = options[index] if options else {}
             try:
                 return await client.infer(model, inputs, **kwargs)
