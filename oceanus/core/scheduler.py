@@ -198,12 +198,11 @@ class Scheduler:
             return self._default_level
         return priority
 
-    def _drop_cancelled(self) -> None:
+    def _drop_cancelled(self, now: int) -> None:
         """Remove queued requests whose futures are already done (cancelled by their client).
 
         Runs before each batch is formed, so a frontend just cancels the future of a client that
         left: no per-request done-callback, which would cost a loop callback per request."""
-        now = self._now_ns()
         for queues in (self._queues, self._delayed):
             for level, queue in enumerate(queues):
                 if not any(job.future.done() for job in queue):
@@ -288,7 +287,7 @@ class Scheduler:
 
     def _form_batch(self) -> list[Job]:
         now = self._now_ns()
-        self._drop_cancelled()
+        self._drop_cancelled(now)
         self._expire(now)
         if not self._queued:
             return []
