@@ -11,7 +11,6 @@ the response carries the requested ensemble outputs. Validation follows Triton's
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Protocol
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
+from oceanus.core.clock import MONOTONIC, Clock
 from oceanus.core.ensemble_stream import check_decoupled_steps, stream_ensemble
 from oceanus.core.errors import InferenceServerError, internal, invalid_arg, unavailable
 from oceanus.core.model import ModelState, ModelVersion, _failure_reason
@@ -299,9 +299,10 @@ class EnsembleVersion(ModelVersion):
         path: Path,
         composer: Composer,
         keys: dict[str, str] | None = None,
+        clock: Clock = MONOTONIC,
     ) -> None:
         """`keys`: the key of each composing model in the core (--model-namespacing)."""
-        super().__init__(name, version, config, path)
+        super().__init__(name, version, config, path, clock)
         self._composer = composer
         keys = keys or {}
         self._steps = [
@@ -420,7 +421,7 @@ class EnsembleVersion(ModelVersion):
     def _finish(self, request: InferRequest, failure: str | None, rows: int = 0) -> None:
         """Statistics (the ensemble's own: request counts and durations, zero compute, as
         Triton reports them) and the ensemble's part of a trace."""
-        now = time.monotonic_ns()
+        now = self.clock.now_ns()
         duration = now - request.received_ns
         if failure is None:
             self.stats.record_success(duration, 0, 0, 0, 0, rows)

@@ -25,6 +25,7 @@ from oceanus.core.backend import (
     RequestInstance,
     ResponseStream,
 )
+from oceanus.core.clock import MONOTONIC, Clock
 from oceanus.core.errors import InferenceServerError, internal
 from oceanus.core.types import InferRequest
 
@@ -92,8 +93,11 @@ class InstanceWorker:
         instance: BackendInstance,
         batched: bool,
         loop: asyncio.AbstractEventLoop,
+        clock: Clock = MONOTONIC,
     ) -> None:
         self.spec = spec
+        # Compute times (statistics, traces) come from the scheduler's clock.
+        self._now_ns = clock.now_ns
         self.instance = instance
         self._batched = batched
         self._loop = loop
@@ -172,14 +176,14 @@ class InstanceWorker:
             return self._execute_requests(self._request_instance, batch)
         instance = self._batch_instance
         assert instance is not None
-        result = BatchResult(started_ns=time.monotonic_ns())
+        result = BatchResult(started_ns=self._now_ns())
         try:
             inputs = _assemble(batch)
-            assembled = time.monotonic_ns()
+            assembled = self._now_ns()
             outputs = instance.execute(inputs)
-            executed = time.monotonic_ns()
+            executed = self._now_ns()
             result.outputs = self._split(batch, outputs)
-            done = time.monotonic_ns()
+            done = self._now_ns()
         except InferenceServerError as exc:
             result.error = exc
             return result
@@ -197,7 +201,7 @@ class InstanceWorker:
 
     def _execute_requests(self, instance: RequestInstance, batch: list[Job]) -> BatchResult:
         """The per-request path: the backend gets the requests themselves and answers each."""
-        result = BatchResult(started_ns=time.monotonic_ns())
+        result = BatchResult(started_ns=self._now_ns())
         try:
             done = instance.execute_requests(batch)
         except InferenceServerError as exc:

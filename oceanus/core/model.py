@@ -14,6 +14,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core import datatypes
+from oceanus.core.clock import MONOTONIC, Clock
 from oceanus.core.errors import ErrorCode, InferenceServerError, unavailable
 from oceanus.core.implicit_state import StateKeeper
 from oceanus.core.instance import BatchResult, InstanceWorker, Job
@@ -50,8 +51,16 @@ def _failure_reason(error: InferenceServerError | None) -> str:
 class ModelVersion:
     """One version of one model. `infer` is called on the event loop."""
 
-    def __init__(self, name: str, version: int, config: mc.ModelConfig, path: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        version: int,
+        config: mc.ModelConfig,
+        path: Path,
+        clock: Clock = MONOTONIC,
+    ) -> None:
         self.name = name
+        self.clock = clock  # what its scheduler and statistics read the time from
         self.version = version
         self.version_str = str(version)
         self.config = config
@@ -85,7 +94,9 @@ class ModelVersion:
     ) -> None:
         """Attach loaded instances (behind the rate limiter's `gate`, when it is on; keeping
         sequences' implicit `states`); runs on the event loop."""
-        self.scheduler = make_scheduler(self.config, workers, self.stats, self._complete)
+        self.scheduler = make_scheduler(
+            self.config, workers, self.stats, self._complete, self.clock
+        )
         self.scheduler.attach_gate(gate)
         if isinstance(self.scheduler, SequenceScheduler):
             self.scheduler.keep_states(states)

@@ -22,6 +22,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from oceanus.core import ensemble, repository, warmup
 from oceanus.core.backend import Backend, ServerHandle
 from oceanus.core.backend_registry import BackendRegistry
+from oceanus.core.clock import MONOTONIC, Clock
 from oceanus.core.errors import InferenceServerError, invalid_arg
 from oceanus.core.implicit_state import StateKeeper, state_specs
 from oceanus.core.instance import InstanceWorker
@@ -56,8 +57,11 @@ class ModelManager:
         refresh: Callable[[], None] | None = None,
         rate_limiter: RateLimiter | None = None,
         namespacing: bool = False,
+        clock: Clock = MONOTONIC,
     ) -> None:
         self.repositories = repositories
+        # What schedulers and statistics read the time from (tests drive it by hand).
+        self._clock = clock
         self._refresh = refresh  # syncs mirrored repositories before each poll (blocking)
         # --model-namespacing: same-named models in several repositories (repository.scan)
         self.namespacing = namespacing
@@ -191,7 +195,7 @@ class ModelManager:
     ) -> dict[int, ModelVersion]:
         loop = asyncio.get_running_loop()
         shown = repository.display_name(name)
-        fresh = {v: ModelVersion(shown, v, config, path) for v, path in paths.items()}
+        fresh = {v: ModelVersion(shown, v, config, path, self._clock) for v, path in paths.items()}
         results = await asyncio.gather(
             *(
                 # Creates the instances, then runs the config's warmup samples on each.
@@ -213,7 +217,8 @@ class ModelManager:
                 )
                 continue
             workers = [
-                InstanceWorker(spec, instance, batched, loop) for spec, instance in loaded.instances
+                InstanceWorker(spec, instance, batched, loop, self._clock)
+                for spec, instance in loaded.instances
             ]
             try:
                 states = (
@@ -253,6 +258,7 @@ class ModelManager:
                 path,
                 self._composer_or_fail(),
                 steps,
+                self._clock,
             )
             if reason:
                 model.state, model.reason = ModelState.UNAVAILABLE, reason

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
+from oceanus.core.clock import MONOTONIC, Clock, Timer
 from oceanus.core.errors import ErrorCode, InferenceServerError, unavailable
 from oceanus.core.instance import BatchResult, InstanceWorker, Job
 from oceanus.core.rate_limiter import ModelGate
@@ -74,8 +74,12 @@ class Scheduler:
         workers: list[InstanceWorker],
         stats: ModelStatistics,
         on_job_done: JobDone,
+        clock: Clock = MONOTONIC,
     ) -> None:
         self._name = config.name
+        # Queue times, delays and timeouts are read from `clock` (tests drive it by hand).
+        self._clock = clock
+        self._now_ns = clock.now_ns
         self._workers = workers
         self._idle: list[InstanceWorker] = list(reversed(workers))
         self._stats = stats
@@ -103,7 +107,7 @@ class Scheduler:
         self._next_seq = 0
         self._next_to_deliver = 0
         self._held: dict[int, Held] = {}
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
         self._timer_at_ns = 0
         self._delay_count = (
             int(os.environ.get(DELAY_SCHEDULER_ENV, "0") or 0) if self._dynamic else 0
@@ -148,7 +152,7 @@ class Scheduler:
             request_id = job.request.id or "<id_unknown>"
             raise unavailable(f"[request id: {request_id}] Exceeds maximum queue size")
         job.priority = level
-        job.enqueued_ns = time.monotonic_ns()
+        job.enqueued_ns = self._now_ns()
         timeout_us = policy.default_timeout_us
         if policy.allow_timeout_override:
             # A request may shorten the default timeout, never lengthen it (as in Triton).
@@ -194,12 +198,11 @@ class Scheduler:
             return self._default_level
         return priority
 
-    def _drop_cancelled(self) -> None:
+    def _drop_cancelled(self, now: int) -> None:
         """Remove queued requests whose futures are already done (cancelled by their client).
 
         Runs before each batch is formed, so a frontend just cancels the future of a client that
         left: no per-request done-callback, which would cost a loop callback per request."""
-        now = time.monotonic_ns()
         for queues in (self._queues, self._delayed):
             for level, queue in enumerate(queues):
                 if not any(job.future.done() for job in queue):
@@ -241,7 +244,7 @@ class Scheduler:
             self._run_batch(worker, batch, in_place)
 
     def _run_batch(self, worker: InstanceWorker, batch: list[Job], in_place: bool = False) -> None:
-        now = time.monotonic_ns()
+        now = self._now_ns()
         for job in batch:
             job.started_ns = now
         if in_place:
@@ -283,8 +286,8 @@ class Scheduler:
             self._queues[level] = keep
 
     def _form_batch(self) -> list[Job]:
-        now = time.monotonic_ns()
-        self._drop_cancelled()
+        now = self._now_ns()
+        self._drop_cancelled(now)
         self._expire(now)
         if not self._queued:
             return []
@@ -344,7 +347,7 @@ class Scheduler:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at_ns = at_ns
-        self._timer = self._loop.call_at(at_ns / 1e9, self._on_timer)
+        self._timer = self._clock.call_at(at_ns, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -355,7 +358,7 @@ class Scheduler:
     def _on_batch_done(
         self, worker: InstanceWorker, batch: list[Job], result: BatchResult, inline: bool = False
     ) -> None:
-        now = time.monotonic_ns()
+        now = self._now_ns()
         self._executing -= len(batch)
         self._idle.append(worker)
         if self._gate is not None:
@@ -401,7 +404,7 @@ class Scheduler:
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
-        now = time.monotonic_ns()
+        now = self._now_ns()
         unloading = InferenceServerError(ErrorCode.UNAVAILABLE, "model is being unloaded")
         for batch in self._gate.close() if self._gate is not None else []:
             self._executing -= len(batch)

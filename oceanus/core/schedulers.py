@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from oceanus.core.clock import MONOTONIC, Clock
 from oceanus.core.instance import InstanceWorker
 from oceanus.core.scheduler import JobDone, Scheduler
 from oceanus.core.sequence import SequenceScheduler
@@ -16,10 +17,11 @@ def make_scheduler(
     workers: list[InstanceWorker],
     stats: ModelStatistics,
     on_job_done: JobDone,
+    clock: Clock = MONOTONIC,
 ) -> Scheduler:
     """The dynamic batcher (or none), or the sequence batcher with its strategy."""
     if not config.HasField("sequence_batching"):
-        return Scheduler(config, workers, stats, on_job_done)
+        return Scheduler(config, workers, stats, on_job_done, clock)
     if config.sequence_batching.HasField("oldest"):
-        return OldestSequenceScheduler(config, workers, stats, on_job_done)
-    return SequenceScheduler(config, workers, stats, on_job_done)
+        return OldestSequenceScheduler(config, workers, stats, on_job_done, clock)
+    return SequenceScheduler(config, workers, stats, on_job_done, clock)

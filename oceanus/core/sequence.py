@@ -20,9 +20,7 @@ state are refused at load (core/model_config.py).
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +28,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
+from oceanus.core.clock import MONOTONIC, Clock, Timer
 from oceanus.core.errors import ErrorCode, InferenceServerError, invalid_arg, unavailable
 from oceanus.core.implicit_state import StateKeeper, States
 from oceanus.core.instance import BatchResult, InstanceWorker, Job
@@ -104,8 +103,9 @@ class SequenceScheduler(Scheduler):
         workers: list[InstanceWorker],
         stats: ModelStatistics,
         on_job_done: JobDone,
+        clock: Clock = MONOTONIC,
     ) -> None:
-        super().__init__(config, workers, stats, on_job_done)
+        super().__init__(config, workers, stats, on_job_done, clock)
         batching = config.sequence_batching
         self._idle_ns = (batching.max_sequence_idle_microseconds or 1_000_000) * 1000
         self._batched = config.max_batch_size > 0
@@ -129,7 +129,7 @@ class SequenceScheduler(Scheduler):
         self._sequences: dict[tuple[bool, CorrelationId], _Sequence] = {}
         self._backlog: deque[_Sequence] = deque()
         self._running: dict[int, _Sequence] = {}  # id(job) -> its sequence, while executing
-        self._reaper: asyncio.TimerHandle | None = None
+        self._reaper: Timer | None = None
         self._states: StateKeeper | None = None
 
     def keep_states(self, states: StateKeeper | None) -> None:
@@ -185,7 +185,7 @@ class SequenceScheduler(Scheduler):
                 corrid,
                 self._name,
             )
-        now = time.monotonic_ns()
+        now = self._now_ns()
         if sequence is None:
             sequence = _Sequence(corrid)
             self._sequences[key] = sequence
@@ -244,7 +244,7 @@ class SequenceScheduler(Scheduler):
     def _dispatch(self) -> None:
         if not self._queued:
             return
-        now = time.monotonic_ns()
+        now = self._now_ns()
         for worker in list(self._idle):
             batch: list[Job] = []
             for slot in self._slots[worker]:
@@ -272,9 +272,13 @@ class SequenceScheduler(Scheduler):
                 return
 
     def _drop_cancelled_of(self, sequence: _Sequence, now: int) -> None:
+        if not (sequence.jobs and sequence.jobs[0].future.done()):
+            return
         while sequence.jobs and sequence.jobs[0].future.done():
             self._queued -= 1
             self._finish(sequence.jobs.popleft(), None, now, None)
+        if not sequence.jobs:
+            self._arm_reaper()  # idle now: it may time out
 
     def _add_controls(self, job: Job, sequence: _Sequence) -> None:
         parameters = job.request.parameters
@@ -300,7 +304,8 @@ class SequenceScheduler(Scheduler):
     def _on_batch_done(
         self, worker: InstanceWorker, batch: list[Job], result: BatchResult, inline: bool = False
     ) -> None:
-        now = time.monotonic_ns()
+        now = self._now_ns()
+        idle = False
         for index, job in enumerate(batch):
             sequence = self._running.pop(id(job), None)
             if sequence is None:
@@ -309,24 +314,33 @@ class SequenceScheduler(Scheduler):
                 sequence.states = self._states.updated(sequence.states, result.outputs[index])
             sequence.busy = False
             sequence.last_ns = now
-            if job.request.parameters.get("sequence_end") and not sequence.jobs:
-                self._release(sequence)
+            if not sequence.jobs:
+                if job.request.parameters.get("sequence_end"):
+                    self._release(sequence)
+                else:
+                    idle = True
         super()._on_batch_done(worker, batch, result, inline)
+        if idle:
+            self._arm_reaper()
 
     # ---- idle sequences ---------------------------------------------------------------------
 
     def _arm_reaper(self) -> None:
-        if self._reaper is not None or not self._sequences or self._closed:
+        """Time the release of the sequence idle the longest. Only idle sequences (nothing
+        queued or executing) count: a timer for one that is busy or waiting would be due
+        already and fire again on every loop iteration until it is idle. Armed whenever a
+        sequence may have become idle: a request finished or was cancelled, or one arrived."""
+        if self._reaper is not None or self._closed:
             return
-        due = min(s.last_ns for s in self._sequences.values()) + self._idle_ns
-        delay = max(due - time.monotonic_ns(), 0) / 1e9
-        self._reaper = asyncio.get_running_loop().call_later(delay, self._reap)
+        idle = [s.last_ns for s in self._sequences.values() if not s.busy and not s.jobs]
+        if idle:
+            self._reaper = self._clock.call_at(min(idle) + self._idle_ns, self._reap)
 
     def _reap(self) -> None:
         """Release the sequences idle (nothing queued or executing) for longer than
         max_sequence_idle_microseconds; a later request for one needs START again."""
         self._reaper = None
-        now = time.monotonic_ns()
+        now = self._now_ns()
         for sequence in list(self._sequences.values()):
             if sequence.busy or sequence.jobs or now - sequence.last_ns < self._idle_ns:
                 continue
@@ -345,7 +359,7 @@ class SequenceScheduler(Scheduler):
         if self._reaper is not None:
             self._reaper.cancel()
             self._reaper = None
-        now = time.monotonic_ns()
+        now = self._now_ns()
         for sequence in list(self._sequences.values()):
             while sequence.jobs:
                 self._queued -= 1

@@ -15,11 +15,10 @@ Control tensors and implicit state are added as with the direct strategy (core/s
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
+from oceanus.core.clock import MONOTONIC, Clock
 from oceanus.core.errors import InferenceServerError
 from oceanus.core.instance import BatchResult, InstanceWorker, Job
 from oceanus.core.scheduler import JobDone, _same_shapes
@@ -36,8 +35,9 @@ class OldestSequenceScheduler(SequenceScheduler):
         workers: list[InstanceWorker],
         stats: ModelStatistics,
         on_job_done: JobDone,
+        clock: Clock = MONOTONIC,
     ) -> None:
-        super().__init__(config, workers, stats, on_job_done)
+        super().__init__(config, workers, stats, on_job_done, clock)
         oldest = config.sequence_batching.oldest
         candidates = oldest.max_candidate_sequences or max(config.max_batch_size, 1)
         self._slots = {
@@ -56,7 +56,7 @@ class OldestSequenceScheduler(SequenceScheduler):
     def _dispatch(self) -> None:
         if not self._queued:
             return
-        now = time.monotonic_ns()
+        now = self._now_ns()
         for worker in list(self._idle):
             ready: list[tuple[int, _Sequence]] = []
             for slot in self._slots[worker]:

@@ -19,6 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from oceanus import __version__
 from oceanus.core import repository
 from oceanus.core.backend_registry import BackendRegistry
+from oceanus.core.clock import MONOTONIC, Clock
 from oceanus.core.custom_metrics import CustomMetricRegistry
 from oceanus.core.errors import (
     InferenceServerError,
@@ -68,6 +69,8 @@ class CoreOptions:
     rate_limit_resources: list[ResourceLimit] = field(default_factory=list)
     # --model-namespacing: a model name may appear in several repositories.
     model_namespacing: bool = False
+    # What schedulers and statistics read the time from; tests hand in a clock they drive.
+    clock: Clock = MONOTONIC
 
 
 def _gpu_count() -> int:
@@ -100,6 +103,7 @@ class ServerCore:
             refresh=options.refresh_repositories,
             rate_limiter=RateLimiter(options.rate_limit, options.rate_limit_resources),
             namespacing=options.model_namespacing,
+            clock=options.clock,
         )
         self.tracer = TraceManager(options.trace, options.span_exporter)
         # Metric families the models create (Python models' pb_utils.MetricFamily), for /metrics.

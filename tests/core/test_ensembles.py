@@ -1,15 +1,16 @@
-"""Ensemble models (platform "ensemble"): loading, validation, pipelines, fan-out, statistics."""
+"""Ensemble models (platform "ensemble") on a real server: a pipeline with fan-out over HTTP,
+gRPC and a gRPC stream, its metadata, config and statistics. Routing, load errors, explicit
+loading of composing models and nesting are tested in process:
+tests/core/test_ensemble_routing.py."""
 
 from __future__ import annotations
 
-import http.client
 import queue
 import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -58,15 +59,6 @@ ensemble_scheduling {
   ]
 }
 """
-
-
-def request(server: Any, method: str, path: str) -> tuple[int, Any]:
-    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=60)
-    connection.request(method, path)
-    response = connection.getresponse()
-    data = response.read()
-    connection.close()
-    return response.status, orjson.loads(data) if data else None
 
 
 def add_ensemble(root: Path, name: str, config: str) -> None:
@@ -160,120 +152,3 @@ def tensors_b(module: Any) -> Any:
     tensor = module.InferInput("B", [1, 16], "INT32")
     tensor.set_data_from_numpy(np.zeros((1, 16), dtype=np.int32))
     return tensor
-
-
-def test_load_errors_name_the_problem(repo: Path, launch: Any) -> None:
-    # identity_fp32 reads an INT32 tensor: the load check catches the datatype mismatch ...
-    broken = PIPELINE.replace('"identity_int32"', '"identity_fp32"').replace(
-        'name: "pipeline"', 'name: "mixed"'
-    )
-    add_ensemble(repo, "mixed", broken)
-    # ... and so does a composing model allowing fewer rows than the ensemble.
-    small = (repo / "identity_int32" / "config.pbtxt").read_text()
-    (repo / "identity_int32" / "config.pbtxt").write_text(
-        small.replace("max_batch_size: 8", "max_batch_size: 2")
-    )
-    server = launch([repo], ["--exit-on-error=false", *NO_SERVICES])
-    status, entries = request(server, "POST", "/v2/repository/index")
-    assert status == 200
-    by_name = {e["name"]: e for e in entries}
-    assert by_name["mixed"]["state"] == "UNAVAILABLE"
-    assert by_name["mixed"]["reason"] == (
-        "in ensemble mixed, ensemble tensor sum: inconsistent data type: TYPE_INT32 is inferred "
-        "from model simple while TYPE_FP32 is inferred from model identity_fp32"
-    )
-    assert by_name["pipeline"]["state"] == "UNAVAILABLE"
-    assert "which only allows maximum batch size to be 2" in by_name["pipeline"]["reason"]
-
-
-def test_explicit_mode_loads_composing_models_and_load_errors(repo: Path, launch: Any) -> None:
-    add_ensemble(
-        repo,
-        "ghost",
-        PIPELINE.replace('name: "pipeline"', 'name: "ghost"').replace(
-            'model_name: "identity_int32"', 'model_name: "nonexistent"'
-        ),
-    )
-    unwritten = PIPELINE.replace('name: "pipeline"', 'name: "unwritten"').replace(
-        'value: "SUM_COPY"', 'value: "OTHER"'
-    )
-    add_ensemble(repo, "unwritten", unwritten)
-    server = launch([repo], ["--model-control-mode=explicit", *NO_SERVICES])
-    client = httpclient.InferenceServerClient(server.http_url)
-    assert not client.is_model_ready("simple")
-
-    client.load_model("pipeline")  # loads simple and identity_int32 too, as Triton does
-    assert client.is_model_ready("simple")
-    assert client.is_model_ready("identity_int32")
-    assert not client.is_model_ready("identity_fp32")
-    tensors, _, b = inputs(httpclient)
-    assert np.array_equal(client.infer("pipeline", tensors).as_numpy("TWICE_B"), 2 * b)
-
-    # Without a composing model the ensemble is not ready; a request fails with the step's error.
-    client.unload_model("identity_int32")
-    assert not client.is_model_ready("pipeline")
-    with pytest.raises(InferenceServerException, match="'identity_int32' has no available"):
-        client.infer("pipeline", tensors)
-    stats = client.get_inference_statistics("pipeline")["model_stats"][0]["inference_stats"]
-    assert (stats["success"]["count"], stats["fail"]["count"]) == (1, 1)
-    client.load_model("pipeline")  # loads the missing model again
-    assert client.is_model_ready("identity_int32")
-    assert client.is_model_ready("pipeline")
-
-    with pytest.raises(InferenceServerException) as error:
-        client.load_model("ghost")
-    assert (
-        "ensemble 'ghost' depends on 'nonexistent' which has no loaded version. Model "
-        "'nonexistent' loading failed with error: failed to load 'nonexistent', failed to poll "
-        "from model repository"
-    ) in str(error.value)
-    with pytest.raises(InferenceServerException) as error:
-        client.load_model("unwritten")
-    assert (
-        "failed to load 'unwritten': ensemble output 'SUM_COPY' for ensemble 'unwritten' is not "
-        "used: no step's output_map writes it"
-    ) in str(error.value)
-
-
-def forward(name: str, model: str) -> str:
-    """An ensemble sending A and B through `model` (shaped like the pipeline): TWICE_A/B."""
-    return f"""
-name: "{name}"
-platform: "ensemble"
-max_batch_size: 8
-input [
-  {{ name: "A" data_type: TYPE_INT32 dims: [ 16 ] }},
-  {{ name: "B" data_type: TYPE_INT32 dims: [ 16 ] }}
-]
-output [
-  {{ name: "TWICE_A" data_type: TYPE_INT32 dims: [ 16 ] }},
-  {{ name: "TWICE_B" data_type: TYPE_INT32 dims: [ 16 ] }}
-]
-ensemble_scheduling {{
-  step [
-    {{
-      model_name: "{model}"
-      input_map {{ key: "A" value: "A" }}
-      input_map {{ key: "B" value: "B" }}
-      output_map {{ key: "TWICE_A" value: "TWICE_A" }}
-      output_map {{ key: "TWICE_B" value: "TWICE_B" }}
-    }}
-  ]
-}}
-"""
-
-
-def test_nested_ensembles_and_cycles(repo: Path, launch: Any) -> None:
-    add_ensemble(repo, "outer", forward("outer", "pipeline"))
-    add_ensemble(repo, "loop_a", forward("loop_a", "loop_b"))
-    add_ensemble(repo, "loop_b", forward("loop_b", "loop_a"))
-    server = launch([repo], ["--exit-on-error=false", *NO_SERVICES])
-    client = httpclient.InferenceServerClient(server.http_url)
-    tensors, a, b = inputs(httpclient)
-    result = client.infer("outer", tensors)  # an ensemble whose step is an ensemble
-    assert np.array_equal(result.as_numpy("TWICE_A"), 2 * a)
-    assert np.array_equal(result.as_numpy("TWICE_B"), 2 * b)
-    _, entries = request(server, "POST", "/v2/repository/index")
-    reasons = {e["name"]: e.get("reason", "") for e in entries}
-    assert reasons["loop_a"] == "circular dependency between ensembles: loop_a -> loop_b -> loop_a"
-    assert reasons["loop_b"] == "circular dependency between ensembles: loop_b -> loop_a -> loop_b"

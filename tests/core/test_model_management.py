@@ -1,12 +1,13 @@
-"""Model control modes, the repository API, reloads under traffic, auto-complete, draining."""
+"""The repository API over HTTP on a real server in explicit mode: index, load, unload, loads with
+a config override and base64 files, with Triton's statuses and texts. The rules behind it
+(reloads, unloads waiting for requests, poll mode, auto-complete) are tested in process:
+tests/core/test_model_control.py, tests/core/test_repository_rules.py."""
 
 from __future__ import annotations
 
 import base64
 import http.client
 import shutil
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,6 @@ import numpy as np
 import orjson
 import pytest
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
 
 NO_SERVICES = ["--allow-grpc=false", "--allow-metrics=false"]
 
@@ -49,15 +49,19 @@ def simple_infer(client: httpclient.InferenceServerClient, model: str = "simple_
     assert np.array_equal(result.as_numpy("OUTPUT0"), data * 2)
 
 
-@pytest.fixture
-def repo(tmp_path: Path, model_repository: Path) -> Path:
-    for name in ("simple", "simple_dyna", "identity_fp32", "slow_fp32"):
-        shutil.copytree(model_repository / name, tmp_path / name)
-    return tmp_path
+@pytest.fixture(scope="module")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, model_repository: Path, launch_module: Any
+) -> Any:
+    repo = tmp_path_factory.mktemp("control")
+    for name in ("simple", "identity_fp32"):
+        shutil.copytree(model_repository / name, repo / name)
+    return launch_module(
+        [repo], ["--model-control-mode=explicit", "--load-model=simple", *NO_SERVICES]
+    )
 
 
-def test_explicit_mode_load_and_unload(repo: Path, launch: Any) -> None:
-    server = launch([repo], ["--model-control-mode=explicit", "--load-model=simple", *NO_SERVICES])
+def test_explicit_mode_load_and_unload(server: Any) -> None:
     entries = index(server)
     assert entries["simple"] == [{"name": "simple", "version": "1", "state": "READY"}]
     assert entries["identity_fp32"] == [{"name": "identity_fp32"}]  # never loaded
@@ -82,11 +86,8 @@ def test_explicit_mode_load_and_unload(repo: Path, launch: Any) -> None:
     assert not client.is_model_ready("identity_fp32")
 
 
-def test_load_with_config_override_and_files(repo: Path, launch: Any) -> None:
-    server = launch([repo], ["--model-control-mode=explicit", *NO_SERVICES])
+def test_load_with_config_override_and_files(server: Any, model_repository: Path) -> None:
     client = httpclient.InferenceServerClient(server.http_url)
-    config = client.get_model_repository_index()
-    assert {"name": "simple"} in config
     override = orjson.dumps(
         {
             "name": "simple",
@@ -106,7 +107,7 @@ def test_load_with_config_override_and_files(repo: Path, launch: Any) -> None:
     assert client.get_model_config("simple")["max_batch_size"] == 4
 
     # a model made only of uploaded files, under a name the repository does not have
-    onnx_file = (repo / "simple" / "1" / "model.onnx").read_bytes()
+    onnx_file = (model_repository / "simple" / "1" / "model.onnx").read_bytes()
     uploaded = override.replace('"simple"', '"uploaded"')
     client.load_model("uploaded", config=uploaded, files={"file:1/model.onnx": onnx_file})
     simple_infer(client, "uploaded")
@@ -118,142 +119,3 @@ def test_load_with_config_override_and_files(repo: Path, launch: Any) -> None:
     )
     assert status == 400
     assert "require the 'config' parameter" in answer["error"]
-
-
-def test_reload_under_traffic_fails_no_request(repo: Path, launch: Any) -> None:
-    server = launch([repo], ["--model-control-mode=explicit", "--load-model=*", *NO_SERVICES])
-    stop = threading.Event()
-    counts = {"ok": 0, "failed": 0}
-    errors: list[str] = []
-
-    def traffic() -> None:
-        client = httpclient.InferenceServerClient(server.http_url)
-        while not stop.is_set():
-            try:
-                simple_infer(client)
-                counts["ok"] += 1
-            except Exception as exc:  # every failure is counted and shown
-                counts["failed"] += 1
-                errors.append(str(exc))
-
-    workers = [threading.Thread(target=traffic) for _ in range(4)]
-    for worker in workers:
-        worker.start()
-    try:
-        client = httpclient.InferenceServerClient(server.http_url)
-        for _ in range(3):
-            time.sleep(0.3)
-            client.load_model("simple_dyna")  # a reload: same files
-    finally:
-        time.sleep(0.3)
-        stop.set()
-        for worker in workers:
-            worker.join()
-    assert counts["failed"] == 0, errors[:3]
-    assert counts["ok"] > 20
-
-
-def test_unload_waits_for_requests_in_flight(repo: Path, launch: Any) -> None:
-    server = launch([repo], ["--model-control-mode=explicit", "--load-model=*", *NO_SERVICES])
-    outcome: dict[str, Any] = {}
-
-    def slow_request() -> None:
-        client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
-        tensor = httpclient.InferInput("INPUT0", [1, 16], "FP32")
-        tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
-        try:
-            outcome["result"] = client.infer("slow_fp32", [tensor]).as_numpy("OUTPUT0")
-        except InferenceServerException as exc:
-            outcome["error"] = exc
-
-    threads = [threading.Thread(target=slow_request) for _ in range(3)]
-    for thread in threads:
-        thread.start()
-    time.sleep(0.05)
-    assert request(server, "POST", "/v2/repository/models/slow_fp32/unload") == (200, None)
-    for thread in threads:
-        thread.join()
-    assert "error" not in outcome
-    assert np.array_equal(outcome["result"], np.ones((1, 16), np.float32))
-    assert request(server, "GET", "/v2/models/slow_fp32") == (
-        404,
-        {"error": "Request for unknown model: 'slow_fp32' has no available versions"},
-    )
-
-
-def test_poll_mode_follows_the_repository(repo: Path, model_repository: Path, launch: Any) -> None:
-    shutil.rmtree(repo / "identity_fp32")
-    server = launch([repo], ["--model-control-mode=poll", "--repository-poll-secs=1", *NO_SERVICES])
-    assert request(server, "POST", "/v2/repository/models/simple/load") == (
-        503,
-        {"error": "explicit model load / unload is not allowed if polling is enabled"},
-    )
-
-    def wait_for(predicate: Any, timeout: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"condition not met; index: {index(server)}")
-
-    def ready(model: str) -> bool:
-        return request(server, "GET", f"/v2/models/{model}/ready")[0] == 200
-
-    shutil.copytree(model_repository / "identity_fp32", repo / "identity_fp32")
-    wait_for(lambda: ready("identity_fp32"))
-
-    shutil.rmtree(repo / "simple")
-    wait_for(lambda: not ready("simple"))
-    assert index(server)["simple"][0]["state"] == "UNAVAILABLE"
-
-    config = repo / "simple_dyna" / "config.pbtxt"
-    config.write_text(config.read_text().replace("max_batch_size: 8", "max_batch_size: 4"))
-    wait_for(
-        lambda: request(server, "GET", "/v2/models/simple_dyna/config")[1]["max_batch_size"] == 4
-    )
-    # a broken edit keeps the loaded version serving
-    config.write_text("name: broken {")
-    time.sleep(2.5)
-    assert ready("simple_dyna")
-    simple_infer(httpclient.InferenceServerClient(server.http_url))
-
-
-def test_autocomplete_config_less_onnx_model(repo: Path, launch: Any) -> None:
-    (repo / "simple" / "config.pbtxt").unlink()
-    server = launch([repo], NO_SERVICES)
-    status, config = request(server, "GET", "/v2/models/simple/config")
-    assert status == 200
-    assert config["platform"] == "onnxruntime_onnx"
-    assert config["max_batch_size"] == 4  # all dims dynamic in front: Triton's default
-    assert "dynamic_batching" in config
-    assert [i["name"] for i in config["input"]] == ["INPUT0", "INPUT1"]
-    assert config["input"][0]["dims"] == [16]
-
-
-def test_autocomplete_off_requires_the_config(repo: Path, launch: Any) -> None:
-    (repo / "simple" / "config.pbtxt").unlink()
-    server = launch(
-        [repo], ["--disable-auto-complete-config", "--exit-on-error=false", *NO_SERVICES]
-    )
-    entries = index(server)
-    assert entries["simple"][0]["state"] == "UNAVAILABLE"
-    assert "config.pbtxt is required" in entries["simple"][0]["reason"]
-
-
-def test_sigterm_drains_in_flight_requests(repo: Path, launch: Any) -> None:
-    server = launch([repo], NO_SERVICES)
-    outcome: dict[str, Any] = {}
-
-    def slow_request() -> None:
-        client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
-        tensor = httpclient.InferInput("INPUT0", [1, 16], "FP32")
-        tensor.set_data_from_numpy(np.ones((1, 16), np.float32))
-        outcome["result"] = client.infer("slow_fp32", [tensor]).as_numpy("OUTPUT0")
-
-    thread = threading.Thread(target=slow_request)
-    thread.start()
-    time.sleep(0.05)
-    assert server.stop() == 0
-    thread.join()
-    assert np.array_equal(outcome["result"], np.ones((1, 16), np.float32))

@@ -1,12 +1,12 @@
-"""Triton's response cache (`--cache-config local,size=N`, `response_cache { enable: true }`),
-against real servers with tritonclient."""
+"""Triton's response cache (`--cache-config local,size=N`, `response_cache { enable: true }`)
+on real servers with tritonclient: hits over HTTP and gRPC, the /metrics families, the flags. The
+cache's rules (keys, eviction, sizes, ensembles, decoupled models) are tested in process:
+tests/core/test_response_cache_rules.py."""
 
 from __future__ import annotations
 
 import http.client
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from oceanus.cli import parse_args
 from oceanus.examples import example_repository
 
 CACHE_ON = "\nresponse_cache { enable: true }\n"
@@ -159,37 +160,6 @@ def test_cache_metrics_families(cache_server: Any) -> None:
     assert 'nv_cache_num_hits_per_model{model="simple_nocache"' not in text
 
 
-def test_lru_eviction_under_a_tiny_cache(cache_repository: Path, launch: Any) -> None:
-    # One `simple` response is 2 x 16 INT32 (128 bytes) + 64 bytes of overhead: 400 holds two.
-    server = launch([cache_repository], ["--cache-config=local,size=400"])
-    for offset in (1, 2, 3):  # 3 evicts 1
-        _infer(server, "simple", offset)
-    assert _counts(_stats(server, "simple")) == (0, 3, 3)
-    _infer(server, "simple", 3)  # hit, now most recent
-    _infer(server, "simple", 1)  # miss (evicted); evicts 2
-    assert _counts(_stats(server, "simple")) == (1, 4, 4)
-    _infer(server, "simple", 3)
-    _infer(server, "simple", 2)  # evicted
-    assert _counts(_stats(server, "simple")) == (2, 5, 5)
-
-
-def test_response_larger_than_the_cache_is_not_stored(cache_repository: Path, launch: Any) -> None:
-    server = launch([cache_repository], ["--response-cache-byte-size", "100"])
-    _infer(server, "simple", 5)
-    _infer(server, "simple", 5)
-    assert _counts(_stats(server, "simple")) == (0, 2, 2)
-    assert "deprecated" in server.log()
-
-
-def test_deprecated_byte_size_flag_enables_the_local_cache(
-    cache_repository: Path, launch: Any
-) -> None:
-    server = launch([cache_repository], ["--response-cache-byte-size=1048576"])
-    _infer(server, "simple", 5)
-    _infer(server, "simple", 5)
-    assert _counts(_stats(server, "simple")) == (1, 1, 1)
-
-
 def test_model_enabling_the_cache_without_a_server_cache_warns(
     cache_repository: Path, launch: Any
 ) -> None:
@@ -209,70 +179,18 @@ def test_model_enabling_the_cache_without_a_server_cache_warns(
         (["--cache-config", "local,size=10", "--response-cache-byte-size", "10"], "Incompatible"),
     ],
 )
-def test_bad_cache_flags_exit_2(args: list[str], words: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "oceanus", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 2
-    assert words in result.stderr
+def test_bad_cache_flags_exit_2(
+    args: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_args(args)
+    assert exited.value.code == 2
+    assert words in capsys.readouterr().err
 
 
-# An ensemble over `simple_nocache` that enables the cache itself.
-WRAP = """
-name: "wrap"
-platform: "ensemble"
-max_batch_size: 8
-input [
-  { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
-  { name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] }
-]
-output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 16 ] } ]
-ensemble_scheduling {
-  step [
-    {
-      model_name: "simple_nocache"
-      model_version: -1
-      input_map { key: "INPUT0" value: "INPUT0" }
-      input_map { key: "INPUT1" value: "INPUT1" }
-      output_map { key: "OUTPUT0" value: "SUM" }
-    }
-  ]
-}
-response_cache { enable: true }
-"""
-
-
-def test_ensemble_hit_runs_no_step(cache_repository: Path, tmp_path: Path, launch: Any) -> None:
-    repo = tmp_path / "repo"
-    shutil.copytree(cache_repository, repo)
-    (repo / "wrap" / "1").mkdir(parents=True)
-    (repo / "wrap" / "config.pbtxt").write_text(WRAP)
-    server = launch([repo], ["--cache-config", "local,size=1048576"])
-    first = _infer(server, "wrap", 9)
-    second = _infer(server, "wrap", 9)
-    np.testing.assert_array_equal(first.as_numpy("SUM"), second.as_numpy("SUM"))
-    stats = _stats(server, "wrap")["inference_stats"]
-    assert (stats["cache_hit"]["count"], stats["cache_miss"]["count"]) == (1, 1)
-    assert _counts(_stats(server, "simple_nocache")) == (0, 0, 1)
-
-
-def test_decoupled_model_with_the_cache_is_refused_at_load(tmp_path: Path, launch: Any) -> None:
-    """As Triton: with a server cache, a decoupled model that enables it fails to load."""
-    repository = tmp_path / "models"
-    source = Path(__file__).parents[1] / "backends" / "python" / "models" / "repeat"
-    shutil.copytree(source, repository / "repeat")
-    config = repository / "repeat" / "config.pbtxt"
-    config.write_text(config.read_text() + "\nresponse_cache { enable: true }\n")
-    server = launch(
-        [repository],
-        ["--cache-config=local,size=1048576", "--exit-on-error=false", "--allow-metrics=false"],
-    )
-    with httpclient.InferenceServerClient(server.http_url) as client:
-        (entry,) = client.get_model_repository_index()
-    assert entry["state"] == "UNAVAILABLE"
-    assert entry["reason"] == (
-        "Response Cache does not currently support model with decoupled transaction policy"
-    )
+def test_the_deprecated_byte_size_flag_enables_the_local_cache(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings, _ = parse_args(["--response-cache-byte-size=1048576"])
+    assert settings.response_cache_size == 1048576
+    assert "--response-cache-byte-size is deprecated" in caplog.text

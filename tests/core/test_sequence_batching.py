@@ -1,12 +1,12 @@
 """The sequence batcher (`sequence_batching`, direct strategy) on a real server: control tensors
-reach an ONNX model with the right values over HTTP and gRPC, sequences keep their order and
-slots, idle sequences are released, a Python model keeps per-sequence state, and the common
-mistakes get Triton's texts (checked against Triton 2.51, docs/sequence-batching.md)."""
+reach an ONNX model with the right values over HTTP and gRPC, both protocols deliver the
+sequence parameters, and a Python model keeps per-sequence state with its requests batched
+(checked against Triton 2.51, docs/sequence-batching.md). The batcher's rules (slots, backlog,
+idle timeouts, every mistake's text) are tested in process: tests/core/test_sequence_rules.py."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +119,6 @@ def add_python(repository: Path, name: str, max_batch: int, batching: str) -> No
 def seq_server(tmp_path_factory: pytest.TempPathFactory, launch_module: Any) -> Any:
     repository = tmp_path_factory.mktemp("sequence_models")
     add_onnx(repository, "seq_onnx", 4, "direct { } max_sequence_idle_microseconds: 5000000")
-    add_onnx(repository, "seq_onnx_one", 1, "max_sequence_idle_microseconds: 300000")
     add_python(repository, "seq_sum", 4, CONTROLS)
     add_python(repository, "seq_sum_plain", 0, "")
     return launch_module([repository])
@@ -175,59 +174,17 @@ def test_control_tensors_reach_an_onnx_model(seq_server: Any, protocol: str) -> 
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_mistakes_get_tritons_texts(seq_server: Any, protocol: str) -> None:
-    base = 3000 if protocol == "http" else 4000
+def test_sequence_parameters_reach_the_core_as_sent(seq_server: Any, protocol: str) -> None:
+    """Each protocol hands the core an absent ID as none and a string ID as a string (the
+    rules and all their texts: tests/core/test_sequence_rules.py)."""
     assert _error(seq_server, protocol, "seq_onnx") == (
         "inference request to model 'seq_onnx' must specify a non-zero or non-empty correlation ID"
-    )
-    assert _error(seq_server, protocol, "seq_onnx", sequence_id=base + 1) == (
-        f"inference request for sequence {base + 1} to model 'seq_onnx' must specify the "
-        "START flag on the first request of the sequence"
-    )
-    # an END without a START is not a sequence either
-    assert "must specify the START flag" in _error(
-        seq_server, protocol, "seq_onnx", sequence_id=base + 2, sequence_end=True
-    )
-    # after the END, the sequence is gone
-    _infer(seq_server, protocol, "seq_onnx", 1, sequence_id=base + 3, sequence_start=True)
-    _infer(seq_server, protocol, "seq_onnx", 1, sequence_id=base + 3, sequence_end=True)
-    assert "must specify the START flag" in _error(
-        seq_server, protocol, "seq_onnx", sequence_id=base + 3
     )
     # the CORRID control is an integer: string IDs are refused (Triton feeds their bytes)
     assert _error(seq_server, protocol, "seq_onnx", sequence_id="abc", sequence_start=True) == (
         "inference request for sequence abc to model 'seq_onnx': correlation ID in request "
         "is not an unsigned int"
     )
-
-
-def test_batch_size_must_be_one(seq_server: Any) -> None:
-    client = httpclient.InferenceServerClient(seq_server.http_url)
-    tensor = httpclient.InferInput("INPUT", [2, 1], "INT32")
-    tensor.set_data_from_numpy(np.ones((2, 1), dtype=np.int32))
-    with pytest.raises(InferenceServerException) as caught:
-        client.infer("seq_onnx", [tensor], sequence_id=5, sequence_start=True)
-    assert caught.value.message() == (
-        "inference request to model 'seq_onnx' must specify batch-size 1 due to requirements "
-        "of sequence batcher"
-    )
-
-
-def test_idle_sequence_is_released(seq_server: Any) -> None:
-    """seq_onnx_one: one slot, 300 ms idle limit. An idle sequence loses its slot (a later
-    request needs START again) and a sequence waiting in the backlog gets the slot."""
-    out = _infer(seq_server, "http", "seq_onnx_one", 1, sequence_id=51, sequence_start=True)
-    assert out["OUTPUT"].tolist() == [[101]]
-    started = time.monotonic()
-    # the only slot is taken: this sequence waits until sequence 51 idles out
-    out = _infer(seq_server, "grpc", "seq_onnx_one", 2, sequence_id=52, sequence_start=True)
-    waited = time.monotonic() - started
-    assert out["OUTPUT"].tolist() == [[102]]
-    assert 0.2 < waited < 3.0
-    assert "must specify the START flag" in _error(
-        seq_server, "http", "seq_onnx_one", sequence_id=51
-    )
-    _infer(seq_server, "http", "seq_onnx_one", 3, sequence_id=52, sequence_end=True)
 
 
 def test_python_model_keeps_state_per_sequence(seq_server: Any) -> None:
