@@ -62,7 +62,7 @@ def main() -> int:
     args.concurrency = 1
     pa = perf.find_perf_analyzer()
     if pa is None:
-        print("perf_analyzer not found: see /work/shared/perf_analyzer/setup.sh", file=sys.stderr)
+        print(f"perf_analyzer not found: run {perf.INSTALL_HINT}", file=sys.stderr)
         return 1
     budgets = [int(b) for b in args.budgets.split(",")]
     repository = benchlib.example_repository([MODEL])

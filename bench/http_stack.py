@@ -187,7 +187,7 @@ def main() -> int:
         return 0
     found = perf.find_perf_analyzer()
     if found is None:
-        print("perf_analyzer not found: run /work/shared/perf_analyzer/setup.sh /tmp/pa-venv")
+        print(f"perf_analyzer not found: run {perf.INSTALL_HINT}")
         return 1
     runs: dict[str, list[dict[str, Any]]] = {stack: [] for stack in STACKS}
     load_before = benchlib.loadavg()

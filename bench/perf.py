@@ -1,8 +1,9 @@
 """Run NVIDIA perf_analyzer once per concurrency level and parse its ``-f`` CSV and stdout.
 
-perf_analyzer lives in a venv made by /work/shared/perf_analyzer/setup.sh (``PA_VENV``, default
-/tmp/pa-venv); it needs libcudart from that venv on LD_LIBRARY_PATH, which ``pa.sh`` sets. We call
-the binary directly with the same environment so the exact command line can be logged.
+perf_analyzer lives in the venv scripts/install_perf_analyzer.sh makes (``PA_VENV``, default
+``${OCEANUS_CACHE_DIR:-~/.cache/oceanus}/perf_analyzer``); it needs libcudart from that venv on
+LD_LIBRARY_PATH, which scripts/perf_analyzer.sh sets. We call the binary directly with the same
+environment so the exact command line can be logged.
 """
 
 from __future__ import annotations
@@ -17,11 +18,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-SHARED_PA_DIR = Path(os.environ.get("PA_SHARED_DIR", "/work/shared/perf_analyzer"))
+INSTALL_HINT = "bash scripts/install_perf_analyzer.sh"
 
 
 def pa_venv() -> Path:
-    return Path(os.environ.get("PA_VENV", "/tmp/pa-venv"))
+    """The rule of scripts/install_perf_analyzer.sh and scripts/perf_analyzer.sh."""
+    if os.environ.get("PA_VENV"):
+        return Path(os.environ["PA_VENV"])
+    cache = os.environ.get("OCEANUS_CACHE_DIR") or str(Path.home() / ".cache" / "oceanus")
+    return Path(cache) / "perf_analyzer"
 
 
 def find_perf_analyzer() -> tuple[Path, dict[str, str]] | None:
@@ -271,7 +276,7 @@ def main() -> int:
         return 0
     found = find_perf_analyzer()
     if found is None:
-        print(f"perf_analyzer not found under {pa_venv()}; run {SHARED_PA_DIR}/setup.sh")
+        print(f"perf_analyzer not found under {pa_venv()}; run {INSTALL_HINT}")
         return 127
     with tempfile.TemporaryDirectory() as tmp:
         data = benchlib.perf_analyzer_input_file(model, Path(tmp) / "data.json")

@@ -29,7 +29,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 import benchlib
 import perf
 
-START_REFERENCE = Path(os.environ.get("TRITON_REFERENCE", "/work/shared/triton-reference/start.sh"))
+# The reference Triton's launcher beside the checkout (../shared/triton-reference/start.sh).
+START_REFERENCE = Path(
+    os.environ.get(
+        "TRITON_REFERENCE",
+        Path(__file__).resolve().parents[2] / "shared" / "triton-reference" / "start.sh",
+    )
+)
 MODEL_PY = """import triton_python_backend_utils as pb_utils
 
 
@@ -123,7 +129,7 @@ def main() -> int:
     args = parser.parse_args()
     found = perf.find_perf_analyzer()
     if found is None:
-        print("perf_analyzer not found: run /work/shared/perf_analyzer/setup.sh /tmp/pa-venv")
+        print(f"perf_analyzer not found: run {perf.INSTALL_HINT}")
         return 1
     binary, env = found
     servers = SERVERS if START_REFERENCE.exists() else ("oceanus",)

@@ -696,8 +696,8 @@ def main() -> int:
     pa = perf.find_perf_analyzer() if args.loadgen == "auto" else None
     if pa is None and args.loadgen == "auto":
         log(
-            "perf_analyzer not found (PA_VENV or /tmp/pa-venv; see "
-            "/work/shared/perf_analyzer/setup.sh): using bench/loadgen.py for Oceanus"
+            f"perf_analyzer not found in {perf.pa_venv()} ({perf.INSTALL_HINT}): "
+            "using bench/loadgen.py for Oceanus"
         )
     results: dict[str, Any] = {
         "meta": meta(args, pa),

@@ -70,14 +70,31 @@ def configure(settings: LogSettings) -> None:
     root.propagate = False
 
 
-def table(headers: list[str], rows: list[list[str]]) -> str:
-    """An ASCII table like the ones Triton prints at start-up."""
+def table(headers: list[str], rows: list[list[str]], max_width: int | None = None) -> str:
+    """An ASCII table like the ones Triton prints at start-up. With `max_width`, cells are put
+    on one line and the widest columns are cut ("...") until every line fits."""
+    if max_width is not None:
+        rows = [[" ".join(cell.split()) for cell in row] for row in rows]
     widths = [
         max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
     ]
+    if max_width is not None:
+        # Each column costs its width plus 3 ("| " and " "), and the closing "|" one more.
+        while sum(widths) + 3 * len(widths) + 1 > max_width:
+            widest = max(range(len(widths)), key=lambda i: widths[i])
+            if widths[widest] <= max(len(headers[widest]), 8):
+                break  # nothing left worth cutting
+            widths[widest] -= 1
+        rows = [
+            [_cut(cell, width) for cell, width in zip(row, widths, strict=True)] for row in rows
+        ]
     line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
 
     def row(cells: list[str]) -> str:
         return "|" + "|".join(f" {c.ljust(w)} " for c, w in zip(cells, widths, strict=True)) + "|"
 
     return "\n".join([line, row(headers), line, *(row(r) for r in rows), line])
+
+
+def _cut(cell: str, width: int) -> str:
+    return cell if len(cell) <= width else cell[: width - 3] + "..."

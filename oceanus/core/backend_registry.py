@@ -18,6 +18,7 @@ from pathlib import Path
 
 from oceanus.core.backend import Backend
 from oceanus.core.errors import InferenceServerError, invalid_arg
+from oceanus.core.load_hints import unknown_backend_hint
 
 log = logging.getLogger("oceanus.core.backends")
 
@@ -81,6 +82,10 @@ class BackendRegistry:
     def names(self) -> list[str]:
         return sorted(self._specs)
 
+    def platforms(self) -> list[str]:
+        """Every platform name a registered backend serves."""
+        return sorted({platform for spec in self._specs.values() for platform in spec.platforms})
+
     def backend_for_platform(self, platform: str) -> str | None:
         for spec in self._specs.values():
             if platform in spec.platforms:
@@ -114,7 +119,10 @@ class BackendRegistry:
         prefix = f"unable to load model '{model}': " if model else ""
         if spec is None:
             known = ", ".join(self.names()) or "none"
-            raise invalid_arg(f"{prefix}unable to find backend '{name}' (known backends: {known})")
+            raise invalid_arg(
+                f"{prefix}unable to find backend '{name}' (known backends: {known})",
+                hint=unknown_backend_hint(name, self.names(), self.platforms()),
+            )
         try:
             return spec.create()
         except InferenceServerError:

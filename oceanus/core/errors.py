@@ -23,19 +23,24 @@ class ErrorCode(enum.Enum):
 
 
 class InferenceServerError(Exception):
-    """An error with a Triton error code; its message is shown to the client verbatim."""
+    """An error with a Triton error code; its message is shown to the client verbatim.
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    `hint` is advice for the person reading the server's log (what to change in the
+    repository); it is logged beside the message and never sent to a client, so the wire
+    keeps Triton's words."""
+
+    def __init__(self, code: ErrorCode, message: str, hint: str = "") -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.hint = hint
 
     def __repr__(self) -> str:
         return f"InferenceServerError({self.code.name}, {self.message!r})"
 
 
-def invalid_arg(message: str) -> InferenceServerError:
-    return InferenceServerError(ErrorCode.INVALID_ARG, message)
+def invalid_arg(message: str, hint: str = "") -> InferenceServerError:
+    return InferenceServerError(ErrorCode.INVALID_ARG, message, hint)
 
 
 def not_found(message: str) -> InferenceServerError:

@@ -19,7 +19,7 @@ from typing import Any
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.core import ensemble, repository, warmup
+from oceanus.core import ensemble, load_hints, repository, warmup
 from oceanus.core.backend import Backend, ServerHandle
 from oceanus.core.backend_registry import BackendRegistry
 from oceanus.core.clock import MONOTONIC, Clock
@@ -36,6 +36,8 @@ RunBlocking = Callable[..., Awaitable[Any]]
 _DRAIN_POLL_S = 0.005
 
 
+# Triton's words for a model none of whose version folders the version policy selects.
+NO_VERSIONS = "at least one version must be available under the version policy"
 # Triton 2.51 refuses this at load (its qa/L0_response_cache greps for these words).
 DECOUPLED_CACHE = (
     "Response Cache does not currently support model with decoupled transaction policy"
@@ -149,10 +151,7 @@ class ModelManager:
                 override,
             )
             if not paths:
-                raise invalid_arg(
-                    "at least one version must be available under the version policy of "
-                    f"model '{name}'"
-                )
+                raise invalid_arg(f"{NO_VERSIONS} of model '{name}'")
             if (
                 self._response_cache
                 and config.response_cache.enable
@@ -160,7 +159,8 @@ class ModelManager:
             ):
                 raise invalid_arg(DECOUPLED_CACHE)
         except InferenceServerError as exc:
-            log.error("failed to load '%s': %s", name, exc.message)
+            hint = await self._run_blocking(_hint, folder, exc)  # it lists the folder
+            log.error("failed to load '%s': %s%s", name, exc.message, hint)
             if not serving:
                 entry.error = exc.message
             raise InferenceServerError(
@@ -212,8 +212,12 @@ class ModelManager:
             if loaded.error is not None:
                 version.state = ModelState.UNAVAILABLE
                 version.reason = loaded.error.message
+                prefix = f"failed to load '{name}' version {loaded.version}: "
                 log.error(
-                    "failed to load '%s' version %d: %s", name, loaded.version, version.reason
+                    "%s%s%s",
+                    prefix,
+                    version.reason.removeprefix(prefix),  # some reasons carry it already
+                    _hint_text(loaded.error.hint),
                 )
                 continue
             workers = [
@@ -429,6 +433,23 @@ class ModelManager:
 
 # The longest file name most file systems take (a model name is a folder name).
 _NAME_MAX_BYTES = 255
+
+
+def _hint(folder: Path, exc: InferenceServerError) -> str:
+    """The log's advice for a model that failed before its versions loaded: a missing version
+    folder explains most errors of a bare folder (even "unable to find backend ''"), so it
+    comes first."""
+    try:
+        versions = repository.version_folders(folder)
+    except OSError:
+        return _hint_text(exc.hint)
+    if versions and exc.message.startswith(NO_VERSIONS):
+        return _hint_text(load_hints.version_policy_hint(folder, versions))
+    return _hint_text(load_hints.version_folder_hint(folder, versions) or exc.hint)
+
+
+def _hint_text(hint: str) -> str:
+    return f" (hint: {hint})" if hint else ""
 
 
 def check_model_name(name: str) -> None:

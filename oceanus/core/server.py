@@ -151,6 +151,7 @@ class ServerCore:
             await self.manager.load_at_start(name)
         except InferenceServerError as exc:
             if name not in self.models:  # not even a folder: remember why for the index
+                log.error("%s", exc.message)  # (the manager logs every other failure)
                 self.models[name] = ModelEntry(name, Path(), error=exc.message)
 
     async def load_model(

@@ -7,6 +7,7 @@ arrays get their final shape.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,7 +16,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from oceanus.core import datatypes
 from oceanus.core.datatypes import DataType
 from oceanus.core.errors import InferenceServerError, invalid_arg
-from oceanus.core.types import InferRequest
+from oceanus.core.triton_order import unordered_map_order
+from oceanus.core.types import InferRequest, Tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,77 +60,122 @@ def validate_request(
     inputs: dict[str, TensorSpec],
     outputs: dict[str, TensorSpec],
 ) -> tuple[dict[str, np.ndarray], int]:
-    """Validated input arrays in their final shapes, and the request's batch size (rows)."""
+    """Validated input arrays in their final shapes, and the request's batch size (rows).
+
+    The checks run in Triton's order (its InferenceRequest::Normalize): requested outputs, the
+    number of inputs, each input's name and batch dimension, the batch size, then each input's
+    datatype, shape and size. Triton walks the inputs in its hash map's order, which decides
+    which of several bad inputs it names; that order costs a hash per name, so it is only
+    worked out when the request is refused."""
+    try:
+        return _validate(request, model_name, max_batch_size, inputs, outputs, request.inputs)
+    except InferenceServerError:
+        if len(request.inputs) < 2:
+            raise
+    ordered = _triton_order(request.inputs)
+    return _validate(request, model_name, max_batch_size, inputs, outputs, ordered)
+
+
+def _triton_order(tensors: list[Tensor]) -> list[Tensor]:
+    by_name = {tensor.name: tensor for tensor in reversed(tensors)}  # the first of a name wins
+    return [by_name[name] for name in unordered_map_order(t.name for t in tensors)]
+
+
+def _validate(
+    request: InferRequest,
+    model_name: str,
+    max_batch_size: int,
+    inputs: dict[str, TensorSpec],
+    outputs: dict[str, TensorSpec],
+    ordered: list[Tensor],
+) -> tuple[dict[str, np.ndarray], int]:
     prefix = _request_prefix(request)
-    given: dict[str, np.ndarray] = {}
-    batch_size = 0
-    if max_batch_size > 0:
-        # Triton checks the batch size (each input's first dimension) before anything else.
-        for tensor in request.inputs:
-            if tensor.shape and tensor.shape[0] > max_batch_size:
-                raise invalid_arg(
-                    f"{prefix}inference request batch-size must be <= {max_batch_size} for "
-                    f"'{model_name}'"
-                )
-    for tensor in request.inputs:
-        spec = inputs.get(tensor.name)
-        if spec is None:
-            raise invalid_arg(
-                f"unexpected inference input '{tensor.name}' for model '{model_name}'"
-            )
-        if tensor.name in given:
-            raise invalid_arg(
-                f"{prefix}input '{tensor.name}' already exists in request for model '{model_name}'"
-            )
-        if tensor.datatype != spec.datatype.name:
-            raise invalid_arg(
-                f"{prefix}inference input '{tensor.name}' data-type is '{tensor.datatype}', but "
-                f"model '{model_name}' expects '{spec.datatype.name}'"
-            )
-        shape = tensor.shape
-        if max_batch_size > 0:
-            if not shape:
-                raise _shape_error(prefix, tensor.name, model_name, spec, shape, batched=True)
-            rows = shape[0]
-            if batch_size and rows != batch_size:
-                raise invalid_arg(
-                    f"{prefix}input '{tensor.name}' batch size does not match other inputs "
-                    f"for '{model_name}'"
-                )
-            batch_size = rows
-            if rows > max_batch_size:
-                raise invalid_arg(
-                    f"{prefix}inference request batch-size must be <= {max_batch_size} for "
-                    f"'{model_name}'"
-                )
-            item_shape = shape[1:]
-        else:
-            item_shape = shape
-        if not _dims_match(item_shape, spec.dims):
-            raise _shape_error(prefix, tensor.name, model_name, spec, shape, max_batch_size > 0)
-        if max_batch_size > 0 and not shape[0]:
-            # Triton sizes a batch of 0 as a batch of 1, so the request's bytes (none) never
-            # match: the same "byte size mismatch" answer (checked against Triton 2.51).
-            _shaped(prefix, tensor.name, model_name, tensor.data, (1, *item_shape), spec)
-        given[tensor.name] = _shaped(prefix, tensor.name, model_name, tensor.data, shape, spec)
-    missing = [name for name, spec in inputs.items() if name not in given and not spec.optional]
-    if missing:
-        raise invalid_arg(
-            f"{prefix}expected {len(inputs)} inputs but got {len(given)} inputs for model "
-            f"'{model_name}'. Got input(s) {_names(given)}, but missing required input(s) "
-            f"{_names(missing)}. Please provide all required input(s)."
-        )
+    names: set[str] = set()
+    for tensor in request.inputs:  # Triton refuses a repeated name as the frontend adds it
+        if tensor.name in names:
+            raise invalid_arg(f"{prefix}input '{tensor.name}' already exists in request")
+        names.add(tensor.name)
     if request.outputs is not None:
         for output in request.outputs:
             if output.name not in outputs:
                 raise invalid_arg(
                     f"unexpected inference output '{output.name}' for model '{model_name}'"
                 )
-    return given, batch_size if max_batch_size > 0 else 1
+    _check_count(request, prefix, model_name, inputs)
+    batched = max_batch_size > 0
+    batch_size = 0
+    for tensor in ordered:
+        if tensor.name not in inputs:
+            raise invalid_arg(
+                f"unexpected inference input '{tensor.name}' for model '{model_name}'"
+            )
+        if batched:
+            shape = tensor.shape
+            if not shape:
+                raise invalid_arg(
+                    f"{prefix}input '{tensor.name}' has no shape but model requires batch "
+                    f"dimension for '{model_name}'"
+                )
+            if not batch_size:
+                batch_size = shape[0]
+            elif shape[0] != batch_size:
+                raise invalid_arg(
+                    f"{prefix}input '{tensor.name}' batch size does not match other inputs "
+                    f"for '{model_name}'"
+                )
+    if batch_size > max_batch_size and batched:
+        raise invalid_arg(
+            f"{prefix}inference request batch-size must be <= {max_batch_size} for '{model_name}'"
+        )
+    arrays: dict[str, np.ndarray] = {}
+    for tensor in ordered:
+        spec = inputs[tensor.name]
+        if tensor.datatype != spec.datatype.name:
+            raise invalid_arg(
+                f"{prefix}inference input '{tensor.name}' data-type is '{tensor.datatype}', but "
+                f"model '{model_name}' expects '{spec.datatype.name}'"
+            )
+        shape = tensor.shape
+        item_shape = shape[1:] if batched else shape
+        if not _dims_match(item_shape, spec.dims):
+            raise _shape_error(prefix, tensor.name, model_name, spec, shape, batched)
+        if batched and not shape[0]:
+            # Triton sizes a batch of 0 as a batch of 1, so the request's bytes (none) never
+            # match: the same "byte size mismatch" answer (checked against Triton 2.51).
+            _shaped(prefix, tensor.name, model_name, tensor.data, (1, *item_shape), spec)
+        arrays[tensor.name] = _shaped(prefix, tensor.name, model_name, tensor.data, shape, spec)
+    given = {tensor.name: arrays[tensor.name] for tensor in request.inputs}  # the request's order
+    return given, batch_size if batched else 1
 
 
-def _names(names: object) -> str:
-    return "[" + ", ".join(f"'{n}'" for n in names) + "]"  # type: ignore[attr-defined]
+def _check_count(
+    request: InferRequest, prefix: str, model_name: str, inputs: dict[str, TensorSpec]
+) -> None:
+    """Triton's ValidateRequestInputs: between the required and the declared number of inputs,
+    whatever their names."""
+    count = len(request.inputs)
+    required = sum(1 for spec in inputs.values() if not spec.optional)
+    if required <= count <= len(inputs):
+        return
+    given = {tensor.name for tensor in request.inputs}
+    missing = [name for name, spec in inputs.items() if not spec.optional and name not in given]
+    got = _names(unordered_map_order(tensor.name for tensor in request.inputs))
+    # Triton drops the last character of "['a'," to close the list, so an empty list of
+    # missing inputs prints as "]".
+    missing_text = _names(missing) if missing else "]"
+    if required == len(inputs):
+        expected = f"expected {len(inputs)} inputs"
+    else:
+        expected = f"expected number of inputs between {required} and {len(inputs)}"
+    raise invalid_arg(
+        f"{prefix}{expected} but got {count} inputs for model '{model_name}'. Got input(s) "
+        f"{got}, but missing required input(s) {missing_text}. Please provide all required "
+        "input(s)."
+    )
+
+
+def _names(names: Iterable[str]) -> str:
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"
 
 
 def _dims_match(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:

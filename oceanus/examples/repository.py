@@ -6,10 +6,12 @@ import functools
 import hashlib
 import importlib.metadata
 import importlib.util
+import logging
 import os
 import pathlib
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -17,10 +19,12 @@ import onnx
 
 from . import openvino_models, resnet, small_models, text_classifier, torch_models
 
+log = logging.getLogger("oceanus.examples")
+
 # Bump whenever any generated file changes, so stale cached repositories are not reused.
-GENERATOR_VERSION = 2  # 2: text_classifier_onnx runs 2 instances
+GENERATOR_VERSION = 3  # 3: the big models ask for no instance kind (KIND_AUTO), not KIND_GPU
 # The same for the optional (PyTorch, OpenVINO) models only; part of their repositories' key.
-OPTIONAL_GENERATOR_VERSION = 3  # 3: resnet_small_pytorch runs 2 instances
+OPTIONAL_GENERATOR_VERSION = 4  # 4: resnet_small_pytorch asks for no instance kind
 
 
 @dataclass(frozen=True)
@@ -218,8 +222,18 @@ def example_repository(models: Iterable[str] | None = None) -> pathlib.Path:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    # The first start spends its time here: say what, where, and later how big and how long.
+    log.info(
+        "generating the %d example models (%s) into %s: once, later starts reuse them "
+        "(nothing is downloaded; OCEANUS_CACHE_DIR moves the cache)",
+        len(names),
+        ", ".join(names),
+        final,
+    )
+    started = time.monotonic()
     try:
         write_example_repository(tmp, names)
+        size = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
         # Readable by other users, like a normal directory (mkdtemp creates it 0700).
         tmp.chmod(0o755)
         try:
@@ -230,4 +244,10 @@ def example_repository(models: Iterable[str] | None = None) -> pathlib.Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    log.info(
+        "generated the example models in %.1f s: %.0f MB in %s",
+        time.monotonic() - started,
+        size / 1e6,
+        final,
+    )
     return final

@@ -66,9 +66,9 @@ dynamic_batching {
 }
 instance_group [
   {
+    # No kind: a GPU when there is one, else the CPU (Triton's KIND_AUTO), so the
+    # model loads on either machine, Oceanus or Triton, with nothing to warn about.
     count: 2
-    kind: KIND_GPU
-    gpus: [ 0 ]
   }
 ]
 """

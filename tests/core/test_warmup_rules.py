@@ -235,7 +235,14 @@ def test_a_failing_sample_fails_the_load(world: World) -> None:
             "['INPUT1']. Please provide all required input(s).",
         ),
         (
-            _sample("type", [_input("INPUT0", "zero_data: 1", datatype="TYPE_FP32")]),
+            # Both inputs: Triton counts them before it looks at their types.
+            _sample(
+                "type",
+                [
+                    _input("INPUT0", "zero_data: 1", datatype="TYPE_FP32"),
+                    _input("INPUT1", "zero_data: 1"),
+                ],
+            ),
             "warmup sample 'type': [request id: <id_unknown>] inference input 'INPUT0' data-type "
             "is 'FP32', but model 'bad' expects 'INT32'",
         ),

@@ -63,7 +63,7 @@ max_batch_size: 64
 input [ { name: "input" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]
 output [ { name: "output" data_type: TYPE_FP32 dims: [ 1000 ] } ]
 dynamic_batching { preferred_batch_size: [ 8, 16, 32, 64 ] max_queue_delay_microseconds: 5000 }
-instance_group [ { count: 2 kind: KIND_GPU gpus: [ 0 ] } ]
+instance_group [ { count: 2 } ]
 """
 
 TEXT_CLASSIFIER_CONFIG = """
@@ -74,7 +74,7 @@ input [ { name: "input_ids" data_type: TYPE_INT64 dims: [ 128 ] },
         { name: "attention_mask" data_type: TYPE_INT64 dims: [ 128 ] } ]
 output [ { name: "probabilities" data_type: TYPE_FP32 dims: [ 2 ] } ]
 dynamic_batching { preferred_batch_size: [ 4, 8, 16, 32 ] max_queue_delay_microseconds: 2000 }
-instance_group [ { count: 2 kind: KIND_GPU gpus: [ 0 ] } ]
+instance_group [ { count: 2 } ]
 """
 
 

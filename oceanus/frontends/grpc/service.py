@@ -25,7 +25,7 @@ from oceanus.core.errors import (
     unavailable,
     unsupported,
 )
-from oceanus.core.server import ServerCore
+from oceanus.core.server import DECOUPLED_UNSUPPORTED, ServerCore
 from oceanus.core.tracing import Trace, TraceSettingError
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.decoding import DECODE_ON_THREAD_BYTES
@@ -319,10 +319,14 @@ class GrpcService:
         request still queued leaves the queue.
         """
         try:
-            if len(data) > DECODE_ON_THREAD_BYTES:
-                request = await asyncio.to_thread(codec.decode, data, self.core.shared_memory)
-            else:
-                request = codec.decode(data, self.core.shared_memory)
+            try:
+                if len(data) > DECODE_ON_THREAD_BYTES:
+                    request = await asyncio.to_thread(codec.decode, data, self.core.shared_memory)
+                else:
+                    request = codec.decode(data, self.core.shared_memory)
+            except InferenceServerError:
+                self._check_model(codec.parse_infer_request(data)[0], "ModelInfer RPC")
+                raise
             if self.header_forward:
                 self.header_forward.apply(context.invocation_metadata() or (), request.parameters)
             if self.core.tracer.active:
@@ -333,6 +337,15 @@ class GrpcService:
             code, message = _failure(exc, "ModelInfer")
         await context.abort(code, message)
         raise AssertionError("unreachable")  # abort raises
+
+    def _check_model(self, message: pb.ModelInferRequest, caller: str | None) -> None:
+        """Triton's order for a request it cannot decode: the version string, then the model
+        (unknown, or decoupled for `caller`), then the request. Called only when decoding
+        failed, so a good request looks its model up once."""
+        codec.check_version(message.model_version)
+        decoupled = self.core.is_decoupled(message.model_name, message.model_version)
+        if decoupled and caller is not None:
+            raise unsupported(DECOUPLED_UNSUPPORTED.format(caller=caller))
 
     async def _traced_infer(self, request: InferRequest, context: Context) -> bytes:
         """ModelInfer for a request that may be traced: the handler's start stands for
@@ -406,7 +419,11 @@ class GrpcService:
         try:
             message, raw = codec.parse_infer_request(data)
             request_id = message.id
-            request = codec.decode_infer_request(message, raw, self.core.shared_memory)
+            try:
+                request = codec.decode_infer_request(message, raw, self.core.shared_memory)
+            except InferenceServerError:
+                self._check_model(message, None)
+                raise
             if metadata:
                 self.header_forward.apply(metadata, request.parameters)
             if self.core.is_decoupled(request.model_name, request.model_version):

@@ -11,10 +11,10 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from oceanus.core.errors import InferenceServerError, internal, invalid_arg
+from oceanus.core.errors import InferenceServerError, internal, invalid_arg, unsupported
 from oceanus.core.proto_json import message_to_dict
 from oceanus.core.repository import is_number
-from oceanus.core.server import ServerCore
+from oceanus.core.server import DECOUPLED_UNSUPPORTED, ServerCore
 from oceanus.core.tracing import Trace, TraceSettingError
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.decoding import DECODE_ON_THREAD_BYTES
@@ -197,10 +197,21 @@ class HttpFrontend:
         if len(request.body) > DECODE_ON_THREAD_BYTES:
             later = self._infer_later(request, name, version)
             return Pending(asyncio.ensure_future(later), _task_result)
-        infer_request, finisher = decode_infer(
-            request, name, version, self.core.shared_memory, self.max_input_size
-        )
+        try:
+            infer_request, finisher = decode_infer(
+                request, name, version, self.core.shared_memory, self.max_input_size
+            )
+        except (InferenceServerError, HttpError):
+            self._check_model(name, version)
+            raise
         return self._submit(request, infer_request, finisher)
+
+    def _check_model(self, name: str, version: str) -> None:
+        """Triton looks the model up before it reads the body: a request with a bad body for an
+        unknown (or decoupled) model hears about the model. Called only when decoding failed,
+        so a good request looks its model up once."""
+        if self.core.is_decoupled(name, version):
+            raise unsupported(DECOUPLED_UNSUPPORTED.format(caller=HTTP_CALLER))
 
     def _submit(
         self, request: HttpRequest, infer_request: InferRequest, finisher: Finisher
@@ -217,9 +228,13 @@ class HttpFrontend:
     async def _infer_later(self, request: HttpRequest, name: str, version: str) -> HttpResponse:
         """A big body, decoded on a thread while the loop serves the other connections."""
         try:
-            infer_request, finisher = await decode_infer_later(
-                request, name, version, self.core.shared_memory, self.max_input_size
-            )
+            try:
+                infer_request, finisher = await decode_infer_later(
+                    request, name, version, self.core.shared_memory, self.max_input_size
+                )
+            except (InferenceServerError, HttpError):
+                self._check_model(name, version)
+                raise
             pending = self._submit(request, infer_request, finisher)
         except Exception as exc:
             return error_of(exc)

@@ -104,31 +104,48 @@ def decode_infer_request(
     return request
 
 
-_UNSIGNED = {"priority", "timeout"}
+_UNSIGNED = ("priority", "timeout")
+_BOOLEAN = ("sequence_start", "sequence_end", "binary_data_output")
+RESERVED_PREFIX_ERROR = (
+    "parameter keys starting with 'triton_' are reserved for Triton usage and should not be "
+    "specified."
+)
 
 
 def _parameters(parameters: Any) -> dict[str, Any]:
+    """Request parameters checked in order, as Triton's ParseJsonTritonParams checks them: its
+    own keys by type, then any other `triton_` key refused, then the rest by type."""
     if not isinstance(parameters, dict):
         raise invalid_arg("failed to get request params.: attempt to get members for non-object")
     for key, value in parameters.items():
-        if isinstance(value, (list, dict)) or value is None:
+        if key == "sequence_id":
+            if not _is_unsigned(value) and not isinstance(value, str):
+                raise invalid_arg(
+                    "Unable to parse 'sequence_id': attempt to access JSON non-string as string"
+                )
+        elif key in _UNSIGNED:
+            if not _is_unsigned(value):
+                raise invalid_arg(
+                    f"Unable to parse '{key}': attempt to access JSON non-unsigned-integer as "
+                    "unsigned-integer"
+                )
+        elif key in _BOOLEAN:
+            if not isinstance(value, bool):
+                raise invalid_arg(
+                    f"Unable to parse '{key}': attempt to access JSON non-boolean as boolean"
+                )
+        elif key.startswith("triton_"):
+            raise invalid_arg(RESERVED_PREFIX_ERROR)
+        elif isinstance(value, (list, dict)) or value is None:
             raise invalid_arg(
                 f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or "
                 "'string'."
             )
-        if key in _UNSIGNED and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 0
-        ):
-            raise invalid_arg(
-                f"Unable to parse '{key}': attempt to access JSON non-unsigned-integer as "
-                "unsigned-integer"
-            )
-        if key == "binary_data_output" and not isinstance(value, bool):
-            raise invalid_arg(
-                "Unable to parse 'binary_data_output': attempt to access JSON non-boolean as "
-                "boolean"
-            )
     return parameters
+
+
+def _is_unsigned(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 _SHM_KEYS = frozenset(("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size"))

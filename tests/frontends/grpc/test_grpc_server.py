@@ -74,7 +74,8 @@ def test_port_in_use_fails_to_start(server: Any) -> None:
         timeout=60,
     )
     assert result.returncode == 1
-    assert f"failed to start GRPC service on 127.0.0.1:{server.grpc_port}" in result.stderr
+    # checked before any model loads, in one line naming the flag (tests/test_startup.py)
+    assert f"--grpc-port {server.grpc_port} is already in use on 127.0.0.1" in result.stderr
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")

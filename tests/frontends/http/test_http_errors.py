@@ -105,15 +105,25 @@ CASES = [
     ),
     (
         "batch too large",
-        simple_request(inputs={0: {"shape": [9, 16], "data": [1] * 144}}),
+        simple_request(
+            inputs={i: {"shape": [9, 16], "data": [1] * 144} for i in range(2)},
+        ),
         400,
         PREFIX + "inference request batch-size must be <= 8 for 'simple'",
     ),
     (
         "missing batch dimension",
-        simple_request(inputs={0: {"shape": [16]}}),
+        simple_request(inputs={0: {"shape": [16]}, 1: {"shape": [16]}}),
         400,
         PREFIX + "inference request batch-size must be <= 8 for 'simple'",
+    ),
+    (
+        # Triton compares the inputs' first dimensions before the batch size against the limit
+        # (asked of Triton 2.51: docs/triton-reference-behaviour.md, 16).
+        "one input's batch too large",
+        simple_request(inputs={0: {"shape": [9, 16], "data": [1] * 144}}),
+        400,
+        PREFIX + "input 'INPUT0' batch size does not match other inputs for 'simple'",
     ),
     (
         "element count",
