@@ -467,7 +467,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    settings, ignored = parse_args(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["tune"]:  # `oceanus tune MODEL ...` (docs/tune.md); tritonserver has none
+        from oceanus.tune.cli import main as tune
+
+        return tune(args[1:])
+    settings, ignored = parse_args(args)
     from oceanus.server import run
 
     return run(settings, ignored)
