@@ -17,9 +17,10 @@ from oceanus.core.model_config import parse_config_text
 from oceanus.tune import loadgen, output
 from oceanus.tune import perf_analyzer as pa
 from oceanus.tune.measure import Meter
+from oceanus.tune.progress import Clock, Progress
 from oceanus.tune.report import RunInfo
 from oceanus.tune.space import Space
-from oceanus.tune.sweep import Clock, Outcome, Progress, Sweep
+from oceanus.tune.sweep import Outcome, Sweep
 from oceanus.tune.target import ManagedServer, Target, TuneError
 
 # Seconds the server, the model's first load and the side-by-side need at the least.

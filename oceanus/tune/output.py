@@ -82,9 +82,10 @@ def write_json(outcome: Outcome, info: report.RunInfo, folder: Path) -> None:
         "run": dataclasses.asdict(info),
         "recommended": recommended.id if recommended else None,
         "recommended_label": recommended.candidate.label() if recommended else None,
-        "best_of_sweep": outcome.best.id if outcome.best else None,
         "side_by_side": {
-            "rounds": outcome.side_by_side_rounds,
+            "finalists": [t.id for t in outcome.finalists],
+            "rounds": outcome.rounds,
+            "throughput": {str(t.id): outcome.scores.get(t.id) for t in outcome.finalists},
             "shipped_throughput": outcome.shipped_score,
             "recommended_throughput": outcome.recommended_score,
         },

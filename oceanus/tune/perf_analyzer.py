@@ -29,6 +29,10 @@ class PaResult:
     avg_us: float
 
 
+class Unstable(RuntimeError):
+    """perf_analyzer could not call its windows stable."""
+
+
 def find(explicit: str = "") -> Path | None:
     """The perf_analyzer binary, or None."""
     candidates = [explicit, os.environ.get("PERF_ANALYZER", ""), shutil.which("perf_analyzer")]
@@ -117,10 +121,17 @@ class PerfAnalyzer:
         self.env = environment(binary)
 
     def measure(self, concurrency: int, window_s: float) -> PaResult:
-        """One concurrency level: three windows of a third of `window_s` each (at least 250 ms:
-        shorter ones often hold too few answers at high concurrency), reported as
-        perf_analyzer reports them (stability is not asked for: the windows are short)."""
+        """One concurrency level: three windows of a third of `window_s` each (at least 250 ms),
+        reported as perf_analyzer reports them. It calls a run unstable when a window holds no
+        answer (a busy machine can stall that long); such a run is tried once more with windows
+        twice as long."""
         interval_ms = max(250, int(window_s * 1000 / 3))
+        try:
+            return self._run(concurrency, interval_ms)
+        except Unstable:
+            return self._run(concurrency, 2 * interval_ms)
+
+    def _run(self, concurrency: int, interval_ms: int) -> PaResult:
         with tempfile.TemporaryDirectory(prefix="oceanus-tune-") as folder:
             out = Path(folder) / "pa.csv"
             command = [
@@ -144,12 +155,15 @@ class PerfAnalyzer:
                 env=self.env,
                 capture_output=True,
                 text=True,
-                timeout=60 + 10 * window_s,
+                timeout=60 + interval_ms / 100,
             )
             if result.returncode != 0 or not out.exists():
-                lines = (result.stdout + result.stderr).strip().splitlines()
-                raise RuntimeError(
-                    f"perf_analyzer exited with {result.returncode}: "
-                    + (" | ".join(lines[-3:]) or "no output")
+                text = (result.stdout + result.stderr).strip()
+                lines = text.splitlines()
+                message = f"perf_analyzer exited with {result.returncode}: " + (
+                    " | ".join(lines[-3:]) or "no output"
                 )
+                if "Failed to obtain stable measurement" in text:
+                    raise Unstable(message)
+                raise RuntimeError(message)
             return parse_csv(out.read_text())

@@ -77,39 +77,37 @@ def _legend(trials: Sequence[Trial]) -> str:
 def _summary(outcome: Outcome, info: RunInfo) -> str:
     recommended = outcome.recommended
     if recommended is None:
-        return (
-            '<div class="box keep"><b>No recommendation.</b> '
-            + " ".join(escape(n) for n in outcome.notes)
-            + "</div>"
-        )
+        notes = " ".join(escape(n) for n in outcome.notes)
+        return f'<div class="box keep"><b>No recommendation.</b> {notes}</div>'
     shipped, chosen = outcome.shipped_score, outcome.recommended_score
     if recommended is outcome.shipped:
-        head = "Keep the shipped configuration."
-        css = "keep"
+        head, css = "Keep the shipped configuration.", "keep"
     else:
         gain = f" ({chosen / shipped - 1:+.0%})" if chosen and shipped else ""
         head = f"Recommended: #{recommended.id} {escape(recommended.candidate.label())}{gain}."
         css = "win"
+    how = (
+        f"measured side by side in {outcome.rounds} round(s)"
+        if outcome.rounds
+        else "as measured in the sweep"
+    )
     lines = [
         f"<b>{head}</b>",
-        f"At p99 ≤ {info.budget_ms:g} ms: recommended {_fmt(chosen)} infer/s, shipped "
-        f"{_fmt(shipped)} infer/s"
-        + (
-            f", measured side by side in {outcome.side_by_side_rounds} alternating round(s)."
-            if outcome.side_by_side_rounds
-            else "."
-        ),
+        f"At p99 ≤ {info.budget_ms:g} ms: #{recommended.id} {_fmt(chosen)} infer/s, the shipped "
+        f"configuration {_fmt(shipped)} infer/s, {how}.",
+        *(escape(note) for note in outcome.notes),
     ]
-    lines += [escape(note) for note in outcome.notes]
     return f'<div class="box {css}">' + "<br>".join(lines) + "</div>"
 
 
 def _trials_table(outcome: Outcome, budget_ms: float) -> str:
     rows = []
+    finalists = {t.id for t in outcome.finalists}
     for trial in outcome.trials:
         best = frontier.best_within(trial.points, budget_ms)
         chosen = " class=chosen" if trial is outcome.recommended else ""
         note = escape(trial.load_error) if trial.load_error else ""
+        side = _fmt(outcome.scores.get(trial.id)) if trial.id in finalists else ""
         rows.append(
             f"<tr{chosen}><td>#{trial.id}</td><td class=text>{escape(trial.candidate.label())}"
             f"{' <span class=muted>(shipped)</span>' if trial.candidate.shipped else ''}"
@@ -118,35 +116,33 @@ def _trials_table(outcome: Outcome, budget_ms: float) -> str:
             f"<td>{_fmt(best.throughput if best else None)}</td>"
             f"<td>{best.concurrency if best else NONE}</td>"
             f"<td>{_fmt(best.p99_ms if best else None, 2)}</td>"
-            f"<td>{_fmt(best.avg_batch if best else None, 2)}</td></tr>"
+            f"<td>{_fmt(best.avg_batch if best else None, 2)}</td><td>{side}</td></tr>"
         )
     return (
         '<div class="scroll"><table><tr><th>#</th><th class=text>configuration</th>'
         "<th class=text>stage</th><th>best infer/s within budget</th><th>at concurrency</th>"
-        "<th>p99 ms</th><th>avg batch</th></tr>" + "".join(rows) + "</table></div>"
+        "<th>p99 ms</th><th>avg batch</th><th>side by side infer/s</th></tr>"
+        + "".join(rows)
+        + "</table></div>"
     )
 
 
-def _side_by_side(outcome: Outcome, info: RunInfo) -> str:
-    if not outcome.side_by_side_rounds or outcome.best is None:
+def _side_by_side(outcome: Outcome) -> str:
+    if not outcome.rounds:
         return "<p class=muted>No side-by-side run: " + (
             "the shipped configuration was the best measured.</p>"
-            if outcome.best is outcome.shipped
+            if outcome.recommended is outcome.shipped
             else "no configuration met the budget.</p>"
         )
-    best, shipped = outcome.best, outcome.shipped
-    chart = plots.bars(
-        [
-            (f"#{shipped.id} shipped", outcome.shipped_score, "#7f7f7f"),
-            (
-                f"#{best.id} best of the sweep",
-                frontier.median_score(best.side_points, info.budget_ms),
-                "#2ca02c",
-            ),
-        ],
-        "infer/s",
-    )
-    return chart + _points_table(shipped.side_points + best.side_points)
+    rows = []
+    for index, trial in enumerate(outcome.finalists):
+        role = "shipped" if trial is outcome.shipped else "finalist"
+        if trial is outcome.recommended:
+            role += ", recommended"
+        fill = "#7f7f7f" if trial is outcome.shipped else plots.color(index + 1)
+        rows.append((f"#{trial.id} ({role})", outcome.scores.get(trial.id), fill))
+    points = [p for t in outcome.finalists for p in t.side_points]
+    return plots.bars(rows, "infer/s") + _points_table(points)
 
 
 def _points_table(points: Sequence[Measurement]) -> str:
@@ -209,9 +205,10 @@ the red line is the budget; the ring marks the chosen point.</p>
 <h2>Configurations</h2>
 {_trials_table(outcome, info.budget_ms)}
 <h2>Side by side</h2>
-<p class="muted">The shipped configuration and the best of the sweep, measured in alternating
-rounds on the same server, so that both see the same machine (medians over the rounds).</p>
-{_side_by_side(outcome, info)}
+<p class="muted">The shipped configuration and the best of the sweep, measured in rounds
+(their order rotating) on the same server, so that all see the same machine: per configuration
+the best median throughput over the rounds whose median p99 is within the budget.</p>
+{_side_by_side(outcome)}
 <h2>Recommended config.pbtxt</h2>
 <pre>{escape(recommended_text) if recommended_text else "(none)"}</pre>
 <h2>Change from the shipped config</h2>

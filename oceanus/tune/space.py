@@ -139,27 +139,34 @@ class Space:
                 out.append(Candidate(count, base, True))
         return out
 
-    def larger_batches(self, best: Candidate) -> list[Candidate]:
-        """The best dynamic-batching candidate with 2x and 4x its max batch size."""
-        if not (self.can_batch and best.dynamic_batching):
-            return []
-        sizes = [best.max_batch_size * f for f in (2, 4)]
-        return [
-            replace(best, max_batch_size=s, preferred=(), shipped=False)
-            for s in sizes
-            if s <= MAX_BATCH_LIMIT
-        ]
-
-    def queue_delays(self, best: Candidate) -> list[Candidate]:
-        if not (self.can_batch and best.dynamic_batching):
-            return []
-        return [replace(best, delay_us=d, shipped=False) for d in self.delays_us]
-
-    def preferred_sizes(self, best: Candidate) -> list[Candidate]:
-        """With a queue delay, a preferred size below the maximum sends batches sooner."""
-        if not (self.can_batch and best.dynamic_batching and best.delay_us > 0):
-            return []
-        half = best.max_batch_size // 2
-        if half < 2:
-            return []
-        return [replace(best, preferred=(half, best.max_batch_size), shipped=False)]
+    def neighbors(self, candidate: Candidate) -> list[tuple[str, Candidate]]:
+        """Configurations one step from `candidate`, each with the setting it changes, the
+        likeliest gains first: dynamic batching on; twice the max batch size; each other queue
+        delay; preferred sizes below the maximum (with a delay); half the max batch size; the
+        neighbouring instance counts."""
+        base = replace(candidate, shipped=False)
+        out: list[tuple[str, Candidate]] = []
+        if self.can_batch and not base.dynamic_batching:
+            out.append(("dynamic batching", replace(base, dynamic_batching=True, delay_us=0)))
+        if self.can_batch and base.dynamic_batching:
+            size = base.max_batch_size
+            if size * 2 <= MAX_BATCH_LIMIT:
+                out.append(("max batch size", replace(base, max_batch_size=size * 2, preferred=())))
+            for delay in (0, *self.delays_us):
+                if delay != base.delay_us:
+                    out.append(("queue delay", replace(base, delay_us=delay)))
+            if base.delay_us > 0 and size // 2 >= 2 and base.preferred in ((), (size,)):
+                out.append(("preferred batch sizes", replace(base, preferred=(size // 2, size))))
+            if size // 2 >= 1 and size // 2 >= self.shipped.max_batch_size // 2:
+                out.append(
+                    ("max batch size", replace(base, max_batch_size=size // 2, preferred=()))
+                )
+        index = (
+            self.instance_counts.index(base.instances)
+            if base.instances in self.instance_counts
+            else -1
+        )
+        for other in (index + 1, index - 1):
+            if index >= 0 and 0 <= other < len(self.instance_counts):
+                out.append(("instances", replace(base, instances=self.instance_counts[other])))
+        return out

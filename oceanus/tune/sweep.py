@@ -3,30 +3,31 @@
 1. The shipped config, at concurrency 1, 2, 4, ... until p99 leaves the budget or throughput
    stops growing (two levels without a 5 % gain).
 2. Every instance count, with and without dynamic batching.
-3. From the best so far: 2x and 4x the max batch size (while it helps).
-4. From the best so far: max queue delays (each at most a quarter of the budget), then
-   preferred batch sizes below the maximum.
-5. Side by side: the shipped and the best config measured in alternating rounds (ABBA) at the
-   concurrencies where each did best, so that both see the same machine; the best replaces the
-   shipped one only if it wins there by at least MIN_GAIN.
+3. Local search while time is left: the untried neighbours (space.Space.neighbors: batching
+   on, twice or half the max batch size, other queue delays, preferred sizes, adjacent instance
+   counts) of the best configuration so far, then of the second and third best.
+4. Side by side: the shipped config and the two best of the sweep (the finalists), measured in
+   rotating rounds at the concurrencies where each did best, so that all see the same machine;
+   a finalist replaces the shipped config only if its median wins by at least MIN_GAIN.
 
 Each configuration after the first starts its ladder at a quarter of the best concurrency seen
-so far. Before every measurement the clock is checked against what the side-by-side still needs.
+so far. A fifth of the budget (at least one round) is kept for step 4, and before every
+measurement the clock is checked against it.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any
 
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.tune import frontier
 from oceanus.tune.measure import Measurement, Meter
+from oceanus.tune.progress import Clock, describe
 from oceanus.tune.space import Candidate, Space, apply
 from oceanus.tune.target import Target, TuneError
 
@@ -34,32 +35,13 @@ from oceanus.tune.target import Target, TuneError
 MIN_GAIN = 0.02
 # A concurrency level counts as a gain when it serves this much more than the best before it.
 LEVEL_GAIN = 0.05
-SIDE_BY_SIDE_ROUNDS = 3
+# The share of the budget kept for the side-by-side, and its most rounds.
+FINAL_SHARE = 0.2
+MAX_ROUNDS = 5
 # Kept back for stopping the server and writing the report.
 FINISH_S = 4.0
-
-
-class Clock:
-    def __init__(self, seconds: float) -> None:
-        self.start = time.monotonic()
-        self.deadline = self.start + seconds
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
-    def left(self) -> float:
-        return self.deadline - time.monotonic()
-
-
-class Progress:
-    """One line per step, prefixed with the elapsed time."""
-
-    def __init__(self, clock: Clock, stream: TextIO = sys.stderr) -> None:
-        self.clock = clock
-        self.stream = stream
-
-    def __call__(self, text: str) -> None:
-        print(f"[{self.clock.elapsed():5.0f}s] {text}", file=self.stream, flush=True)
+# Neighbours of this many of the best configurations are explored.
+EXPLORE_TOP = 3
 
 
 @dataclass
@@ -76,23 +58,20 @@ class Trial:
 class Outcome:
     trials: list[Trial]
     shipped: Trial
-    best: Trial | None  # the best configuration of the sweep (None: none within the budget)
-    recommended: Trial | None  # after the side-by-side (None: none within the budget)
-    shipped_score: float | None = None  # side by side (or the sweep's, when best is shipped)
-    recommended_score: float | None = None
-    side_by_side_rounds: int = 0
+    recommended: Trial | None  # None: no configuration within the budget
+    finalists: list[Trial] = field(default_factory=list)  # measured side by side
+    # throughput within the budget per trial id: side by side (medians), else the sweep's
+    scores: dict[int, float | None] = field(default_factory=dict)
+    rounds: int = 0
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def shipped_score(self) -> float | None:
+        return self.scores.get(self.shipped.id)
 
-def describe(point: Measurement) -> str:
-    if point.error:
-        return f"c={point.concurrency:<4} failed: {point.error}"
-    batch = f"   batch {point.avg_batch:4.2f}" if point.avg_batch is not None else ""
-    errors = f"   {point.errors} errors" if point.errors else ""
-    return (
-        f"c={point.concurrency:<4} {point.throughput:10,.0f} infer/s   p50 {point.p50_ms:7.2f} ms"
-        f"   p99 {point.p99_ms:7.2f} ms{batch}{errors}"
-    )
+    @property
+    def recommended_score(self) -> float | None:
+        return self.scores.get(self.recommended.id) if self.recommended else None
 
 
 class Sweep:
@@ -126,17 +105,17 @@ class Sweep:
 
     # ---- time -------------------------------------------------------------------------------
 
-    def _reserve(self) -> float:
-        """What the side-by-side round and the finish still need."""
-        return 2 * self._load_s + 4 * self._point_s + FINISH_S
+    def _round_s(self, finalists: int, levels: int) -> float:
+        return finalists * (self._load_s + levels * self._point_s)
 
     def _can_measure(self) -> bool:
-        if self.clock.left() >= self._reserve() + self._point_s:
+        kept = max(FINAL_SHARE * self.clock.total, self._round_s(2, 2)) + FINISH_S
+        if self.clock.left() >= kept + self._point_s:
             return True
         self.out_of_time = True
         return False
 
-    # ---- one configuration --------------------------------------------------------------------
+    # ---- one configuration ------------------------------------------------------------------
 
     def _load(self, candidate: Candidate) -> None:
         started = time.monotonic()
@@ -172,7 +151,8 @@ class Sweep:
         trial = Trial(len(self.trials) + 1, candidate, stage)
         first = self._first_level()
         self.trials.append(trial)
-        self.progress(f"#{trial.id} {candidate.label()}{' (shipped)' if candidate.shipped else ''}")
+        shipped = " (shipped)" if candidate.shipped else ""
+        self.progress(f"#{trial.id} {candidate.label()}{shipped}")
         try:
             self._load(candidate)
         except TuneError as exc:
@@ -194,91 +174,89 @@ class Sweep:
                 break
         return trial
 
-    def _score(self, trial: Trial | None) -> float:
-        if trial is None:
-            return -1.0
-        value = frontier.score(trial.points, self.budget_ms)
-        return value if value is not None else -1.0
+    def score(self, trial: Trial) -> float | None:
+        return frontier.score(trial.points, self.budget_ms)
 
-    def best(self) -> Trial | None:
-        scored = [t for t in self.trials if self._score(t) >= 0]
-        return max(scored, key=self._score, default=None)
+    def ranked(self) -> list[Trial]:
+        """Trials with a score, best first."""
+        scored = [t for t in self.trials if self.score(t) is not None]
+        return sorted(scored, key=lambda t: self.score(t) or 0.0, reverse=True)
 
     # ---- the whole search ---------------------------------------------------------------------
 
+    def _next(self) -> tuple[str, Candidate] | None:
+        tried = {t.candidate.key for t in self.trials}
+        for trial in self.ranked()[:EXPLORE_TOP]:
+            for stage, candidate in self.space.neighbors(trial.candidate):
+                if candidate.key not in tried:
+                    return stage, candidate
+        return None
+
     def run(self) -> Outcome:
-        space = self.space
-        shipped = self.trial(space.shipped, "shipped")
+        shipped = self.trial(self.space.shipped, "shipped")
         if shipped is None or shipped.load_error:
             reason = shipped.load_error if shipped else "no time to measure it"
             raise TuneError(f"could not measure the shipped configuration: {reason}")
-        for candidate in space.first_stage():
+        for candidate in self.space.first_stage():
             self.trial(candidate, "instances and batching")
-        best = self.best()
-        if best is not None:
-            for candidate in space.larger_batches(best.candidate):
-                tried = self.trial(candidate, "max batch size")
-                if self._score(tried) < self._score(best) * (1 + MIN_GAIN):
-                    break
-                best = tried
-        for stage, more in (
-            ("queue delay", space.queue_delays),
-            ("preferred batch sizes", space.preferred_sizes),
-        ):
-            best = self.best()
-            if best is not None:
-                for candidate in more(best.candidate):
-                    self.trial(candidate, stage)
+        while not self.out_of_time:
+            step = self._next()
+            if step is None:
+                break
+            self.trial(step[1], step[0])
         return self._decide(shipped)
 
     def _decide(self, shipped: Trial) -> Outcome:
-        best = self.best()
-        outcome = Outcome(self.trials, shipped, best, best)
+        ranked = self.ranked()
+        outcome = Outcome(self.trials, shipped, ranked[0] if ranked else None)
         notes = outcome.notes
         if self.out_of_time:
-            notes.append("The time budget ended the sweep before every stage had run.")
-        if best is None:
+            notes.append("The time budget ended the search before every neighbour was tried.")
+        if not ranked:
             points = frontier.usable(p for t in self.trials for p in t.points)
             lowest = min(points, default=None, key=lambda p: p.p99_ms)
             seen = f"; the lowest p99 seen was {lowest.p99_ms:.2f} ms" if lowest else ""
             notes.append(f"No configuration kept p99 within {self.budget_ms:g} ms{seen}.")
             return outcome
-        if best is shipped:
-            outcome.shipped_score = outcome.recommended_score = self._score(shipped)
+        outcome.scores = {t.id: self.score(t) for t in self.trials}
+        if ranked[0] is shipped:
             notes.append("The shipped configuration was the best one measured.")
             return outcome
-        self._side_by_side(shipped, best, outcome)
-        won = outcome.recommended_score is not None and (
-            outcome.shipped_score is None
-            or outcome.recommended_score >= outcome.shipped_score * (1 + MIN_GAIN)
-        )
-        if not won:
+        finalists = [shipped, *[t for t in ranked if t is not shipped][:2]]
+        self._side_by_side(finalists, outcome)
+        challengers = [t for t in outcome.finalists if t is not shipped]
+        best = max(challengers, key=lambda t: outcome.scores.get(t.id) or 0.0)
+        mine, theirs = outcome.scores.get(best.id), outcome.shipped_score
+        if mine is not None and (theirs is None or mine >= theirs * (1 + MIN_GAIN)):
+            outcome.recommended = best
+        else:
+            outcome.recommended = shipped
             notes.append(
-                f"#{best.id} did best in the sweep but not by {MIN_GAIN:.0%} side by side: "
+                f"No configuration beat the shipped one by {MIN_GAIN:.0%} side by side: "
                 "the shipped configuration stays."
             )
-            outcome.recommended = shipped
-            outcome.recommended_score = outcome.shipped_score
         return outcome
 
-    def _side_by_side(self, shipped: Trial, best: Trial, outcome: Outcome) -> None:
+    def _side_by_side(self, finalists: list[Trial], outcome: Outcome) -> None:
+        """Rounds over the finalists (the order rotating), while time is left."""
         levels = sorted(
             {
-                point.concurrency
-                for trial in (shipped, best)
-                if (point := frontier.best_within(trial.points, self.budget_ms)) is not None
+                best.concurrency
+                for trial in finalists
+                if (best := frontier.best_within(trial.points, self.budget_ms)) is not None
             }
         )
-        self.progress(
-            f"side by side: #{shipped.id} (shipped) and #{best.id} at concurrency "
-            f"{', '.join(map(str, levels))}"
-        )
-        for round_number in range(SIDE_BY_SIDE_ROUNDS):
-            needed = 2 * self._load_s + 2 * len(levels) * self._point_s + FINISH_S
-            if round_number > 0 and self.clock.left() < needed:
+        if self.clock.left() < self._round_s(len(finalists), len(levels)) + FINISH_S:
+            finalists = finalists[:2]
+        outcome.finalists = finalists
+        names = ", ".join(f"#{t.id}" for t in finalists)
+        self.progress(f"side by side: {names} at concurrency {', '.join(map(str, levels))}")
+        for number in range(MAX_ROUNDS):
+            cost = self._round_s(len(finalists), len(levels))
+            if number > 0 and self.clock.left() < cost + FINISH_S:
                 break
-            order = (shipped, best) if round_number % 2 == 0 else (best, shipped)
-            for trial in order:
+            shift = number % len(finalists)
+            for trial in finalists[shift:] + finalists[:shift]:
                 try:
                     self._load(trial.candidate)
                 except TuneError as exc:
@@ -286,9 +264,9 @@ class Sweep:
                     continue
                 for concurrency in levels:
                     trial.side_points.append(self._measure(trial, "side-by-side", concurrency))
-            outcome.side_by_side_rounds = round_number + 1
-        outcome.shipped_score = frontier.median_score(shipped.side_points, self.budget_ms)
-        outcome.recommended_score = frontier.median_score(best.side_points, self.budget_ms)
+            outcome.rounds = number + 1
+        for trial in finalists:
+            outcome.scores[trial.id] = frontier.median_score(trial.side_points, self.budget_ms)
 
 
 def trial_summary(trial: Trial, budget_ms: float) -> dict[str, Any]:

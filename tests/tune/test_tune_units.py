@@ -80,15 +80,32 @@ def test_space_bounds_follow_the_model_and_the_cpus() -> None:
     assert all(not c.dynamic_batching for c in Space(unbatched, 100.0, cpus=2).first_stage())
 
 
-def test_larger_batches_delays_and_preferred_sizes() -> None:
+def test_neighbors_change_one_setting_each() -> None:
     space = Space(config(), latency_budget_ms=100.0, cpus=2)
-    best = Candidate(2, 8, True)
-    assert [c.max_batch_size for c in space.larger_batches(best)] == [16, 32]
-    assert space.larger_batches(Candidate(2, 8, False)) == []
-    assert [c.delay_us for c in space.queue_delays(best)] == [100, 500, 2000]
-    assert space.preferred_sizes(best) == []  # no delay: a preferred size changes nothing
-    delayed = Candidate(2, 8, True, delay_us=500)
-    assert [c.preferred for c in space.preferred_sizes(delayed)] == [(4, 8)]
+    plain = space.neighbors(Candidate(1, 8, False))
+    assert plain == [
+        ("dynamic batching", Candidate(1, 8, True)),
+        ("instances", Candidate(2, 8, False)),
+    ]
+    batching = dict(
+        ((stage, c.max_batch_size, c.delay_us, c.preferred, c.instances), c)
+        for stage, c in space.neighbors(Candidate(2, 8, True))
+    )
+    assert set(batching) == {
+        ("max batch size", 16, 0, (), 2),
+        ("queue delay", 8, 100, (), 2),
+        ("queue delay", 8, 500, (), 2),
+        ("queue delay", 8, 2000, (), 2),
+        ("max batch size", 4, 0, (), 2),
+        ("instances", 8, 0, (), 1),
+    }
+    delayed = [c for stage, c in space.neighbors(Candidate(2, 8, True, delay_us=500))]
+    assert Candidate(2, 8, True, preferred=(4, 8), delay_us=500) in delayed
+    assert Candidate(2, 8, True, delay_us=0) in delayed
+    # no neighbour is ever the shipped config itself, and none leaves the bounds
+    shipped = space.shipped
+    assert all(not c.shipped for _, c in space.neighbors(shipped))
+    assert all(c.max_batch_size <= 256 for _, c in space.neighbors(Candidate(1, 256, True)))
 
 
 def test_keys_treat_the_default_preferred_size_as_the_max() -> None:
@@ -204,7 +221,9 @@ def outcome() -> Outcome:
     better.points = [point(2, 2, 1800, 2), point(2, 4, 2600, 4), point(2, 8, 2700, 40)]
     shipped.side_points = [point(1, 2, 1400, 3, phase="side-by-side")]
     better.side_points = [point(2, 4, 2500, 4, phase="side-by-side")]
-    return Outcome([shipped, better], shipped, better, better, 1400.0, 2500.0, 1)
+    return Outcome(
+        [shipped, better], shipped, better, [shipped, better], {1: 1400.0, 2: 2500.0}, rounds=1
+    )
 
 
 def test_svg_charts_are_well_formed() -> None:
