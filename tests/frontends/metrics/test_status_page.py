@@ -37,7 +37,8 @@ def get(port: int, path: str) -> tuple[int, dict[str, str], bytes]:
 @pytest.fixture(scope="module")
 def status_repository(model_repository: Path, tmp_path_factory: Any) -> Path:
     """The small example models, one copy of `simple` that uses the response cache, and one
-    model that fails to load (its long name and error must wrap, not overflow)."""
+    model that fails to load, naming an input its file does not have (its long name and error
+    must wrap, not overflow)."""
     root = tmp_path_factory.mktemp("status-repo")
     for name in TEST_MODELS:
         (root / name).symlink_to(model_repository / name, target_is_directory=True)
@@ -46,8 +47,10 @@ def status_repository(model_repository: Path, tmp_path_factory: Any) -> Path:
     config = config.replace('name: "simple"', f'name: "{CACHED}"')
     (root / CACHED / "config.pbtxt").write_text(config + "\nresponse_cache { enable: true }\n")
     (root / BROKEN / "1").mkdir(parents=True)
+    shutil.copy(model_repository / "simple" / "1" / "model.onnx", root / BROKEN / "1")
     (root / BROKEN / "config.pbtxt").write_text(
-        f'name: "{BROKEN}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 4\n'
+        f'name: "{BROKEN}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        'input [ { name: "NOT_AN_INPUT" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
     )
     return root
 
@@ -131,6 +134,15 @@ def batch_bars(driver: Any, model: str) -> dict[str, int]:
     return {size: count for size, count in bars}
 
 
+def sparkline_points(driver: Any, model: str) -> int:
+    points = driver.execute_script(
+        "const n = document.querySelector(`[data-model='${arguments[0]}'] .spark polyline`);"
+        "return n ? n.getAttribute('points') || '' : '';",
+        model,
+    )
+    return len(str(points).split())
+
+
 def wait_for(driver: Any, condition: Any, timeout: float = 60.0) -> Any:
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -181,7 +193,8 @@ def test_page_and_document_are_served(status_server: Any) -> None:
     assert set(TEST_MODELS) | {CACHED, BROKEN} <= set(models)
     assert models["simple_dyna"]["dynamic_batching"] is True
     assert models["simple_dyna"]["instances"] == [{"kind": "KIND_CPU", "count": 2}]
-    assert models[BROKEN]["state"] == "UNAVAILABLE" and models[BROKEN]["reason"]
+    assert models[BROKEN]["state"] == "UNAVAILABLE"
+    assert "unexpected inference input 'NOT_AN_INPUT'" in models[BROKEN]["reason"]
     assert models[CACHED]["stats"]["cache"] == {"hits": 0, "misses": 0}
     assert models["simple"]["stats"]["cache"] is None
     assert document["process"]["processes"] >= 1
@@ -278,22 +291,28 @@ def test_browser_shows_the_cache_hit_rate(status_server: Any, browser: Any) -> N
 
 
 @requires_browser()
-@pytest.mark.parametrize("width, height", [(390, 844), (1280, 900)], ids=["phone", "desktop"])
+@pytest.mark.parametrize(
+    "name, width, height", [("phone", 390, 844), ("desktop", 1280, 900)], ids=["phone", "desktop"]
+)
 def test_nothing_overflows(
-    status_server: Any, browser: Any, width: int, height: int, tmp_path: Path
+    status_server: Any, browser: Any, name: str, width: int, height: int, tmp_path: Path
 ) -> None:
+    """Under load (every section of the busy cards drawn), nothing is wider than the window."""
     client = httpclient.InferenceServerClient(status_server.http_url)
-    for rows in (1, 2, 4):  # cards with traffic show everything they can show
+    for rows in (1, 2, 4):
         client.infer("simple", simple_inputs(rows))
-        client.infer("simple_dyna", simple_inputs(rows))
     client.close()
     browser.set_window_size(width, height)
     browser.get(f"http://127.0.0.1:{status_server.metrics_port}/")
-    wait_for(browser, lambda d: card_text(d, "simple_dyna", "batch-note").startswith("average"))
-    overflow = browser.execute_script(OVERFLOW_SCRIPT)
+    with Load(status_server.http_url):
+        wait_for(browser, lambda d: rate_of(d, "simple_dyna") > 0)
+        wait_for(browser, lambda d: card_text(d, "simple_dyna", "p99").endswith("s"))
+        # a few polls under load: the sparkline has a line to draw
+        wait_for(browser, lambda d: sparkline_points(d, "simple_dyna") >= 4)
+        overflow = browser.execute_script(OVERFLOW_SCRIPT)
+        picture = tmp_path / f"status-page-{name}.png"
+        assert browser.save_screenshot(str(picture))
     assert overflow == []
-    picture = tmp_path / f"status-page-{width}x{height}.png"
-    assert browser.save_screenshot(str(picture))
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if SCREENSHOT_DIR:
         shutil.copy(picture, Path(SCREENSHOT_DIR) / picture.name)

@@ -298,10 +298,13 @@
   function drawSpark(card, list) {
     const points = [];
     const now = list[list.length - 1].t;
+    // The history there is (10 to 60 s) spans the whole width.
+    const span = Math.min(HISTORY_S, Math.max(10, now - list[0].t));
     for (let i = 1; i < list.length; i += 1) {
       const dt = list[i].t - list[i - 1].t;
       if (dt <= 0) continue;
-      points.push([list[i].t - now + HISTORY_S, (requests(list[i].stats) - requests(list[i - 1].stats)) / dt]);
+      const x = ((list[i].t - now + span) / span) * HISTORY_S;
+      points.push([x, (requests(list[i].stats) - requests(list[i - 1].stats)) / dt]);
     }
     const top = Math.max(1, ...points.map((p) => p[1]));
     const xy = points.map(([x, y]) => `${Math.max(0, x).toFixed(2)},${(20 - (19 * y) / top).toFixed(2)}`);
