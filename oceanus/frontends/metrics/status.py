@@ -13,12 +13,14 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus import __version__
+from oceanus.core import repository
+from oceanus.core.errors import InferenceServerError
 from oceanus.core.model import ModelEntry, ModelVersion
 from oceanus.core.server import ServerCore
 from oceanus.core.statistics import ModelStatistics
@@ -29,6 +31,8 @@ from oceanus.frontends.metrics.process import ProcessSampler, count_connections
 # long enough to hold a few hundred requests of a slow model.
 RECENT_WINDOW_S = 10.0
 QUANTILES = (0.5, 0.99)
+# How often the repositories are listed for folders no model was loaded from (explicit mode).
+FOLDER_SCAN_S = 5.0
 
 
 def _config_summary(config: mc.ModelConfig) -> dict[str, Any]:
@@ -92,27 +96,29 @@ def _version_entry(core: ServerCore, version: ModelVersion) -> dict[str, Any]:
     return item
 
 
-def models(core: ServerCore) -> list[dict[str, Any]]:
-    """Every model folder and version the repository index lists, with config and statistics
-    for the versions that exist."""
+def models(core: ServerCore, folders: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """Every model the core knows and every folder of the repositories (`folders`, scanned off
+    the loop), as the repository index lists them, with config and statistics for each version
+    that exists."""
     out: list[dict[str, Any]] = []
-    for item in core.repository_index():
-        entry: ModelEntry | None = core.models.get(item["name"])
-        version = None
-        if entry is not None and "version" in item:
-            version = entry.versions.get(int(item["version"]))
-        if version is not None:
-            out.append(_version_entry(core, version))
-        else:  # never loaded (explicit mode), unloaded, or failed before any version existed
-            out.append(
-                {
-                    "name": item["name"],
-                    "version": item.get("version", ""),
-                    "state": item.get("state", "UNLOADED"),
-                    "reason": item.get("reason", ""),
-                }
-            )
+    for name in sorted(set(folders) | set(core.models)):
+        entry: ModelEntry | None = core.models.get(name)
+        if entry is not None and entry.versions:
+            out.extend(_version_entry(core, v) for _, v in sorted(entry.versions.items()))
+            continue
+        # never loaded (explicit mode), unloaded, or failed before any version existed
+        error = entry.error if entry is not None else ""
+        state = "UNAVAILABLE" if error else "UNLOADED"
+        out.append({"name": name, "version": "", "state": state, "reason": error})
     return out
+
+
+def scan_folders(core: ServerCore) -> set[str]:
+    """The model folders of the server's repositories (blocking: a few directory listings)."""
+    try:
+        return set(repository.scan(core.options.repositories))
+    except (InferenceServerError, OSError):
+        return set()
 
 
 class StatusSource:
@@ -133,16 +139,22 @@ class StatusSource:
         self.started = time.monotonic()
         self._connections: dict[str, int] | None = None
         self._connections_at = 0.0
+        self._folders: set[str] = set()
+        self._folders_at = -FOLDER_SCAN_S
         self._lock = threading.Lock()  # two pages polling at once read /proc once
 
     def refresh(self) -> None:
-        """The blocking readings (/proc), at most once per half second; run off the loop."""
+        """The blocking readings (/proc, the repositories' folders), each at most once per
+        its interval; run off the loop."""
         with self._lock:
             now = time.monotonic()
             self.process.sample()
             if now - self._connections_at >= self.process.min_interval_s:
                 self._connections = count_connections(self.ports())
                 self._connections_at = now
+            if now - self._folders_at >= FOLDER_SCAN_S:
+                self._folders = scan_folders(self.core)
+                self._folders_at = now
 
     def document(self) -> dict[str, Any]:
         """The status document (on the loop: reads the core's statistics, no I/O)."""
@@ -173,7 +185,7 @@ class StatusSource:
                 "memory_total_bytes": machine.cpu_memory_total_bytes if machine else None,
                 "memory_used_bytes": machine.cpu_memory_used_bytes if machine else None,
             },
-            "models": models(core),
+            "models": models(core, self._folders),
         }
 
 

@@ -111,7 +111,7 @@ class FakeEntry:
 
 
 class Core:
-    """What `status.models` reads of the ServerCore: the index, the entries, the cache."""
+    """What `status.models` reads of the ServerCore: the model entries and the cache."""
 
     def __init__(self, *entries: FakeEntry, cached: str = "") -> None:
         self.models = {e.name: e for e in entries}
@@ -119,15 +119,6 @@ class Core:
 
     def cache_enabled(self, model: ModelVersion) -> bool:
         return model.name == self.cached
-
-    def repository_index(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = [{"name": "never_loaded"}]
-        for entry in self.models.values():
-            if entry.error:
-                out.append({"name": entry.name, "state": "UNAVAILABLE", "reason": entry.error})
-            for number in entry.versions:
-                out.append({"name": entry.name, "version": str(number), "state": "READY"})
-        return out
 
 
 def ready_version(name: str, **fields: Any) -> ModelVersion:
@@ -150,7 +141,8 @@ def test_models_document_reads_the_statistics() -> None:
     stats.record_cache_hit(900, 100, 50)
     core = Core(FakeEntry("busy", {1: busy}), FakeEntry("broken", {}, "no model file"))
     core.cached = "busy"
-    document = {m["name"]: m for m in models(core)}  # type: ignore[arg-type]
+    folders = {"never_loaded", "busy", "broken"}
+    document = {m["name"]: m for m in models(core, folders)}  # type: ignore[arg-type]
     assert document["never_loaded"]["state"] == "UNLOADED"
     assert document["broken"] == {
         "name": "broken",
