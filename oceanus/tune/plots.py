@@ -34,6 +34,11 @@ class Series:
     label: str
     color: str
     points: Sequence[Measurement]
+    emphasis: bool = False  # drawn bold (the shipped and the chosen configuration)
+
+    @property
+    def stroke(self) -> str:
+        return 'stroke-width="2.5"' if self.emphasis else 'stroke-width="1.2" opacity="0.55"'
 
 
 def nice_step(span: float, ticks: int = 5) -> float:
@@ -168,8 +173,7 @@ def throughput_vs_p99(
         if len(ladder) > 1:
             path = " ".join(f"{axes.x(p.p99_ms):.1f},{axes.y(p.throughput):.1f}" for p in ladder)
             out.append(
-                f'<polyline points="{path}" fill="none" stroke="{item.color}" '
-                'stroke-width="1.5" opacity="0.8"/>'
+                f'<polyline points="{path}" fill="none" stroke="{item.color}" {item.stroke}/>'
             )
         for p in ladder:
             out.append(
@@ -200,7 +204,7 @@ def throughput_vs_concurrency(series: Sequence[Series]) -> str:
         path = " ".join(f"{axes.x(p.concurrency):.1f},{axes.y(p.throughput):.1f}" for p in ladder)
         if len(ladder) > 1:
             out.append(
-                f'<polyline points="{path}" fill="none" stroke="{item.color}" stroke-width="1.5"/>'
+                f'<polyline points="{path}" fill="none" stroke="{item.color}" {item.stroke}/>'
             )
         for p in ladder:
             out.append(

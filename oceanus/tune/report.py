@@ -56,10 +56,15 @@ def _fmt(value: float | None, digits: int = 0) -> str:
     return f"{value:,.{digits}f}"
 
 
-def _series(trials: Sequence[Trial]) -> list[plots.Series]:
+def _series(outcome: Outcome) -> list[plots.Series]:
     return [
-        plots.Series(f"#{t.id} {t.candidate.label()}", plots.color(i), frontier.usable(t.points))
-        for i, t in enumerate(trials)
+        plots.Series(
+            f"#{t.id} {t.candidate.label()}",
+            plots.color(i),
+            frontier.usable(t.points),
+            emphasis=t is outcome.shipped or t is outcome.recommended,
+        )
+        for i, t in enumerate(outcome.trials)
         if frontier.usable(t.points)
     ]
 
@@ -135,11 +140,11 @@ def _side_by_side(outcome: Outcome) -> str:
             else "no configuration met the budget.</p>"
         )
     rows = []
-    for index, trial in enumerate(outcome.finalists):
+    for trial in outcome.finalists:
         role = "shipped" if trial is outcome.shipped else "finalist"
         if trial is outcome.recommended:
             role += ", recommended"
-        fill = "#7f7f7f" if trial is outcome.shipped else plots.color(index + 1)
+        fill = plots.color(outcome.trials.index(trial))  # as in the charts
         rows.append((f"#{trial.id} ({role})", outcome.scores.get(trial.id), fill))
     points = [p for t in outcome.finalists for p in t.side_points]
     return plots.bars(rows, "infer/s") + _points_table(points)
@@ -174,7 +179,7 @@ def render(outcome: Outcome, info: RunInfo, recommended_text: str, shipped_canon
         if outcome.recommended is not None
         else None
     )
-    series = _series(outcome.trials)
+    series = _series(outcome)
     diff = "".join(
         difflib.unified_diff(
             shipped_canonical.splitlines(keepends=True),
