@@ -83,8 +83,9 @@ def _statistics(version: ModelVersion, cached: bool) -> dict[str, Any]:
     }
 
 
-def _version_entry(core: ServerCore, version: ModelVersion) -> dict[str, Any]:
+def _version_entry(core: ServerCore, key: str, version: ModelVersion) -> dict[str, Any]:
     item: dict[str, Any] = {
+        "key": key,
         "name": version.name,
         "version": version.version_str,
         "state": version.state.value,
@@ -97,26 +98,34 @@ def _version_entry(core: ServerCore, version: ModelVersion) -> dict[str, Any]:
 
 
 def models(core: ServerCore, folders: Iterable[str] = ()) -> list[dict[str, Any]]:
-    """Every model the core knows and every folder of the repositories (`folders`, scanned off
-    the loop), as the repository index lists them, with config and statistics for each version
-    that exists."""
+    """Every model the core knows and every folder of the repositories (`folders`: model keys
+    from a scan off the loop), as the repository index lists them, with config and statistics
+    for each version that exists. `key` tells models of one name in several repositories apart
+    (--model-namespacing); `name` is the name the API shows."""
     out: list[dict[str, Any]] = []
-    for name in sorted(set(folders) | set(core.models)):
-        entry: ModelEntry | None = core.models.get(name)
+    for key in sorted(set(folders) | set(core.models)):
+        entry: ModelEntry | None = core.models.get(key)
         if entry is not None and entry.versions:
-            out.extend(_version_entry(core, v) for _, v in sorted(entry.versions.items()))
+            out.extend(_version_entry(core, key, v) for _, v in sorted(entry.versions.items()))
             continue
         # never loaded (explicit mode), unloaded, or failed before any version existed
         error = entry.error if entry is not None else ""
-        state = "UNAVAILABLE" if error else "UNLOADED"
-        out.append({"name": name, "version": "", "state": state, "reason": error})
+        out.append(
+            {
+                "key": key,
+                "name": repository.display_name(key),
+                "version": "",
+                "state": "UNAVAILABLE" if error else "UNLOADED",
+                "reason": error,
+            }
+        )
     return out
 
 
 def scan_folders(core: ServerCore) -> set[str]:
-    """The model folders of the server's repositories (blocking: a few directory listings)."""
+    """The model keys of the server's repositories (blocking: a few directory listings)."""
     try:
-        return set(repository.scan(core.options.repositories))
+        return set(core.manager.scan())
     except (InferenceServerError, OSError):
         return set()
 

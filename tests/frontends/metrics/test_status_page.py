@@ -19,7 +19,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import TEST_MODELS
-from tests.frontends.metrics.browser import chromium, requires_browser
+from tests.frontends.metrics import browser as chromium_browser
 
 BROKEN = "broken_model_whose_name_is_long_enough_to_wrap_on_a_phone_screen"
 CACHED = "simple_cached"
@@ -110,7 +110,8 @@ class Load:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    with chromium() as driver:
+    chromium_browser.require()
+    with chromium_browser.chromium() as driver:
         yield driver
 
 
@@ -246,7 +247,6 @@ def test_allow_status_page_false_answers_as_triton(launch: Any, model_repository
 # ---- in the browser ---------------------------------------------------------------------------
 
 
-@requires_browser()
 def test_browser_lists_models_and_follows_load(status_server: Any, browser: Any) -> None:
     browser.set_window_size(1280, 900)
     browser.get(f"http://127.0.0.1:{status_server.metrics_port}/")
@@ -277,7 +277,6 @@ def test_browser_lists_models_and_follows_load(status_server: Any, browser: Any)
     wait_for(browser, lambda d: rate_of(d, "simple_dyna") == 0.0)
 
 
-@requires_browser()
 def test_browser_shows_the_cache_hit_rate(status_server: Any, browser: Any) -> None:
     browser.set_window_size(1280, 900)
     browser.get(f"http://127.0.0.1:{status_server.metrics_port}/")
@@ -290,7 +289,6 @@ def test_browser_shows_the_cache_hit_rate(status_server: Any, browser: Any) -> N
     assert card_text(browser, "simple", "cache") == ""  # no cache, no line
 
 
-@requires_browser()
 @pytest.mark.parametrize(
     "name, width, height", [("phone", 390, 844), ("desktop", 1280, 900)], ids=["phone", "desktop"]
 )

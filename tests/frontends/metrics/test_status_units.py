@@ -145,12 +145,14 @@ def test_models_document_reads_the_statistics() -> None:
     document = {m["name"]: m for m in models(core, folders)}  # type: ignore[arg-type]
     assert document["never_loaded"]["state"] == "UNLOADED"
     assert document["broken"] == {
+        "key": "broken",
         "name": "broken",
         "version": "",
         "state": "UNAVAILABLE",
         "reason": "no model file",
     }
     item = document["busy"]
+    assert item["key"] == "busy" and item["version"] == "1"
     assert item["backend"] == "onnxruntime" and item["dynamic_batching"] is True
     assert item["instances"] == [{"kind": "KIND_CPU", "count": 2}]
     got = item["stats"]

@@ -16,8 +16,8 @@
   ];
   const REASONS = ["REJECTED", "CANCELED", "BACKEND", "OTHER"];
 
-  const histories = new Map(); // "name/version" -> [{t, stats}]
-  const cards = new Map(); // "name/version" -> the card's elements
+  const histories = new Map(); // "key/version" -> [{t, stats}]
+  const cards = new Map(); // "key/version" -> the card's elements
   let lastDocument = null;
 
   // ---- formatting -------------------------------------------------------------------------
@@ -325,7 +325,7 @@
       card.body.classList.add("hidden");
       return 0;
     }
-    const list = remember(`${model.name}/${model.version}`, t, stats);
+    const list = remember(`${model.key}/${model.version}`, t, stats);
     const used = requests(stats) > 0 || stats.pending > 0;
     card.idle.classList.toggle("hidden", used);
     card.body.classList.toggle("hidden", !used);
@@ -396,7 +396,7 @@
     const used = (m) => m.stats && (requests(m.stats) > 0 || m.stats.pending > 0);
     const ordered = [...doc.models.filter(used), ...doc.models.filter((m) => !used(m))];
     for (const model of ordered) {
-      const key = `${model.name}/${model.version}`;
+      const key = `${model.key}/${model.version}`;
       seen.add(key);
       let card = cards.get(key);
       if (!card) {
