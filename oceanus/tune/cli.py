@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -162,8 +163,17 @@ def _window(seconds: float) -> float:
     return round(min(2.0, max(0.3, seconds / 180.0)), 2)
 
 
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
 def tune(args: argparse.Namespace, clock: Clock, say: Progress) -> int:
     model = args.model
+    started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    load_before = _load_average()
     folder = Path(args.output_dir or f"oceanus-tune-{model}")
     if args.apply and not args.model_repository:
         raise TuneError("--apply needs --model-repository (the built-in examples are generated)")
@@ -190,6 +200,11 @@ def tune(args: argparse.Namespace, clock: Clock, say: Progress) -> int:
             raise TuneError("decoupled models stream their answers, which tune does not measure")
         metadata = target.model_metadata(model)
         space = Space(normalized, args.latency_budget_ms)
+        if load_before is not None and load_before > space.cpus:
+            say(
+                f"the machine is busy (load average {load_before:.1f} on {space.cpus} CPUs): "
+                "single measurements will be noisy"
+            )
         meter = Meter(
             target,
             model,
@@ -219,6 +234,7 @@ def tune(args: argparse.Namespace, clock: Clock, say: Progress) -> int:
             except TuneError as exc:
                 say(f"could not reload the shipped config: {exc}")
     file_config, shipped_text = _file_config(repository, model, normalized)
+    load_after = _load_average()
     info = RunInfo(
         model=model,
         budget_ms=args.latency_budget_ms,
@@ -226,9 +242,12 @@ def tune(args: argparse.Namespace, clock: Clock, say: Progress) -> int:
         elapsed_s=clock.elapsed(),
         cpus=space.cpus,
         generator=meter.generator,
-        started=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        started=started,
         server=where,
         window_s=window,
+        load=(load_before, load_after)
+        if load_before is not None and load_after is not None
+        else None,
     )
     text = output.write_all(outcome, info, folder, file_config, shipped_text)
     _finish(outcome, args, folder, repository, text, say)

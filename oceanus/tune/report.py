@@ -45,9 +45,21 @@ class RunInfo:
     started: str  # ISO time
     server: str  # "started by oceanus tune" or the --url
     window_s: float
+    # the machine's 1-minute load average at the start and at the end (None: unknown)
+    load: tuple[float, float] | None = None
+
+    def busy(self) -> bool:
+        """Whether other work competed for the CPUs (a load average above the CPU count)."""
+        return self.load is not None and max(self.load) > self.cpus
 
 
 NONE = "\N{EN DASH}"  # no value
+
+
+def _load(info: RunInfo) -> str:
+    if info.load is None:
+        return ""
+    return f" (load average {info.load[0]:.1f} at the start, {info.load[1]:.1f} at the end)"
 
 
 def _fmt(value: float | None, digits: int = 0) -> str:
@@ -102,6 +114,11 @@ def _summary(outcome: Outcome, info: RunInfo) -> str:
         f"configuration {_fmt(shipped)} infer/s, {how}.",
         *(escape(note) for note in outcome.notes),
     ]
+    if info.busy():
+        lines.append(
+            "Other work competed for the CPUs during this run (load average above the CPU "
+            "count): single measurements are noisy; the side-by-side medians are the ones to read."
+        )
     return f'<div class="box {css}">' + "<br>".join(lines) + "</div>"
 
 
@@ -194,7 +211,7 @@ def render(outcome: Outcome, info: RunInfo, recommended_text: str, shipped_canon
 <title>oceanus tune: {escape(info.model)}</title><style>{STYLE}</style></head>
 <body>
 <h1>oceanus tune: {escape(info.model)}</h1>
-<p class="muted">{escape(info.started)} · {info.cpus} CPUs
+<p class="muted">{escape(info.started)} · {info.cpus} CPUs{_load(info)}
 · latency budget p99 ≤ {info.budget_ms:g} ms · {info.elapsed_s:.0f} s of {info.max_minutes:g} min
 · load from {escape(info.generator)} ({info.window_s:g} s per measurement)
 · server {escape(info.server)}</p>

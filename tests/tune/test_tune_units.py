@@ -251,6 +251,11 @@ def test_report_is_self_contained(tmp_path: Path) -> None:
     assert "http://" not in without_namespace and "https://" not in without_namespace
     assert "<script" not in html and "<link" not in html
     assert "+  count: 2" in html  # the diff against the shipped config
+    assert "Other work competed" not in html
+    busy = RunInfo("simple", 10.0, 3.0, 170.0, 2, "built-in", "today", "here", 1.0, load=(1.0, 6.5))
+    html = render(result, busy, text, config_text(config()))
+    assert "load average 1.0 at the start, 6.5 at the end" in html
+    assert "Other work competed for the CPUs" in html
     # the shipped config stays: its own text, unchanged
     result.recommended = result.shipped
     assert recommended_config(result, config(), SIMPLE) == SIMPLE
