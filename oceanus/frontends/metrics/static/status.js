@@ -195,6 +195,7 @@
     return {
       root, state, meta, reason, idle, body, rateValue, p50Value, p99Value, pendingValue,
       line, area, segments, legendValues, histBars, histLabels, histNote, histTitle, bins: "",
+      splitTitle,
       failValues, cache,
     };
   }
@@ -280,6 +281,9 @@
     const { value: successes, latest, old } = change(list, WINDOW_S, (s) => s.success);
     const source = successes > 0 ? { n: successes, a: latest.ns, b: old.ns } : { n: latest.success, a: latest.ns, b: null };
     const per = (part) => (source.n > 0 ? (source.a[part] - (source.b ? source.b[part] : 0)) / source.n / 1000 : null);
+    card.splitTitle.textContent = successes > 0
+      ? `where a request's time goes (last ${WINDOW_S} s)`
+      : "where a request's time goes (since load)";
     const total = per("request");
     let known = 0;
     const values = {};
