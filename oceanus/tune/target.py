@@ -140,6 +140,7 @@ class ManagedServer:
             if self.target.live():
                 return self.target
             time.sleep(0.1)
+        self.stop()
         raise TuneError(f"the server did not start within {timeout_s:.0f} s ({self.log_path})")
 
     def _log_tail(self, lines: int = 8) -> str:
