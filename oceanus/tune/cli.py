@@ -185,10 +185,12 @@ def tune(args: argparse.Namespace, clock: Clock, say: Progress) -> int:
     else:
         assert repository is not None
         server = ManagedServer(repository, model, folder / "server.log")
-        target = server.start(timeout_s=max(5.0, clock.left() - MIN_SECONDS))
+        target = server.target
         where = "started by oceanus tune"
-        say(f"server ready at {target.address}; watch it live at {target.metrics_url}")
     try:
+        if server is not None:
+            server.start(timeout_s=max(5.0, clock.left() - MIN_SECONDS))
+            say(f"server ready at {target.address}; watch it live at {target.metrics_url}")
         if not target.ready(model):
             target.load(model)
         normalized = json_format.ParseDict(
