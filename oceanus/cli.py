@@ -140,6 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(parser, "--allow-metrics", True, "serve Prometheus metrics")
     _flag(parser, "--allow-gpu-metrics", True, "report GPU metrics")
     _flag(parser, "--allow-cpu-metrics", True, "report CPU metrics")
+    _flag(
+        parser,
+        "--allow-status-page",
+        True,
+        "Oceanus: serve the live status page at / on the metrics port (docs/status-page.md)",
+    )
     add("--metrics-interval-ms", type=parse_nonnegative, default=2000)
     add(
         "--metrics-config",
@@ -408,6 +414,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, list[str]]:
         allow_metrics=args.allow_metrics,
         allow_gpu_metrics=args.allow_gpu_metrics,
         allow_cpu_metrics=args.allow_cpu_metrics,
+        allow_status_page=args.allow_status_page,
         metrics_interval_ms=args.metrics_interval_ms,
         autocomplete=autocomplete,
         exit_on_error=args.exit_on_error,
@@ -460,7 +467,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    settings, ignored = parse_args(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["tune"]:  # `oceanus tune MODEL ...` (docs/tune.md); tritonserver has none
+        from oceanus.tune.cli import main as tune
+
+        return tune(args[1:])
+    settings, ignored = parse_args(args)
     from oceanus.server import run
 
     return run(settings, ignored)

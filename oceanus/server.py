@@ -330,6 +330,9 @@ class Server:
                 allow_cpu=settings.allow_cpu_metrics,
                 allow_gpu=settings.allow_gpu_metrics,
                 config=parse_metrics_config(settings.metrics_config),
+                status_page=settings.allow_status_page,
+                server_id=settings.server_id,
+                ports=self._served_ports,
             ),
         )
         try:
@@ -338,6 +341,17 @@ class Server:
             self._metrics = None
             raise SystemExit(str(exc)) from None
         log.info("Started Metrics Service at %s", self._metrics.endpoint)
+
+    def _served_ports(self) -> dict[int, str]:
+        """The ports whose connections the status page counts (read when it polls: the worker
+        start may have resolved them since)."""
+        settings = self.settings
+        ports = {}
+        if settings.allow_grpc:
+            ports[settings.grpc_port] = "grpc"
+        if settings.allow_http:
+            ports[settings.http_port] = "http"
+        return ports
 
     async def _stop_metrics(self) -> None:
         if self._metrics is None:

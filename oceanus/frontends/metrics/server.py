@@ -2,14 +2,15 @@
 
 Behaves as Triton's HTTPMetricsServer: `GET /metrics` answers the Prometheus text; any other
 GET path answers 200 with an empty body; any other method answers 405
-`{"error":"Method Not Allowed"}`.
+`{"error":"Method Not Allowed"}`. Oceanus adds the live status page (`GET /`, its two files and
+`GET /status.json`; frontends/metrics/page.py) unless `--allow-status-page=false`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,8 @@ from oceanus.core.system_metrics import SystemMetrics
 from oceanus.frontends.metrics.collector import TritonCollector
 from oceanus.frontends.metrics.config import MetricsConfig
 from oceanus.frontends.metrics.exposition import CONTENT_TYPE, render
+from oceanus.frontends.metrics.page import SECURITY_HEADERS, StatusPage
+from oceanus.frontends.metrics.status import StatusSource
 
 log = logging.getLogger("oceanus.metrics")
 
@@ -39,6 +42,11 @@ class MetricsOptions:
     allow_cpu: bool = True
     allow_gpu: bool = True
     config: MetricsConfig = field(default_factory=MetricsConfig)
+    # The live status page (`GET /`, `/status.json`); `server_id` and the ports whose open
+    # connections it counts (port -> "http"/"grpc", read when the page polls).
+    status_page: bool = True
+    server_id: str = "triton"
+    ports: Callable[[], Mapping[int, str]] = dict
 
 
 def enable_latency_recording(config: MetricsConfig) -> None:
@@ -51,8 +59,9 @@ def enable_latency_recording(config: MetricsConfig) -> None:
 class MetricsApp:
     """ASGI application serving the registry's families in Triton's text format."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, page: StatusPage | None = None) -> None:
         self.registry = registry
+        self.page = page
 
     def body(self) -> bytes:
         return render(self.registry.collect())
@@ -63,11 +72,22 @@ class MetricsApp:
         if scope["method"] != "GET":
             await _reply(send, 405, b"application/json", b'{"error":"Method Not Allowed"}')
             return
-        body = self.body() if scope["path"] == "/metrics" else b""
+        path = scope["path"]
+        if self.page is not None and self.page.serves(path):
+            reply = await self.page.reply(path)
+            await _reply(send, 200, reply.content_type.encode(), reply.body, SECURITY_HEADERS)
+            return
+        body = self.body() if path == "/metrics" else b""
         await _reply(send, 200, CONTENT_TYPE.encode(), body)
 
 
-async def _reply(send: Send, status: int, content_type: bytes, body: bytes) -> None:
+async def _reply(
+    send: Send,
+    status: int,
+    content_type: bytes,
+    body: bytes,
+    extra: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:
     await send(
         {
             "type": "http.response.start",
@@ -75,6 +95,7 @@ async def _reply(send: Send, status: int, content_type: bytes, body: bytes) -> N
             "headers": [
                 (b"content-type", content_type),
                 (b"content-length", str(len(body)).encode()),
+                *extra,
             ],
         }
     )
@@ -92,7 +113,10 @@ class MetricsFrontend:
         self.registry.register(
             TritonCollector(core, options.config, self.system, custom=core.custom_metrics)
         )
-        self.app = MetricsApp(self.registry)
+        page = None
+        if options.status_page:
+            page = StatusPage(StatusSource(core, options.server_id, self.system, options.ports))
+        self.app = MetricsApp(self.registry, page)
         self._server: uvicorn.Server | None = None
         self._loop_task: asyncio.Task[None] | None = None
 
