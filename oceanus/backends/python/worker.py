@@ -28,6 +28,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+import oceanus.ipc
 from oceanus.backends.python import messages as msg
 from oceanus.backends.python import transport as tp
 from oceanus.backends.python import utils as pb
@@ -59,6 +60,7 @@ def _format_exception(exc: BaseException) -> str:
 
 _PLUMBING = (
     os.path.dirname(os.path.abspath(__file__)) + os.sep,
+    os.path.dirname(os.path.abspath(oceanus.ipc.__file__)) + os.sep,
     os.path.dirname(asyncio.__file__) + os.sep,
     os.path.dirname(concurrent.futures.__file__) + os.sep,
     os.path.dirname(importlib.util.__file__) + os.sep,
@@ -385,7 +387,7 @@ class Worker(runtime.Runtime):
                         if t.name() in wanted
                     ]
                 )
-                payloads.append(msg.ok_payload(None, response.parameters()))
+                payloads.append(msg.ok_payload([], response.parameters()))
         reader = self.reader
 
         def build(loc: Any, descs: list[list[tp.TensorDesc]]) -> msg.Result:
