@@ -104,9 +104,8 @@ class Channel:
             if len(buffer) >= 4:
                 (length,) = _LENGTH.unpack_from(buffer, 0)
                 if len(buffer) >= 4 + length:
-                    data = bytes(buffer[4 : 4 + length])
+                    message = marshal.loads(buffer[4 : 4 + length])  # one copy, not two
                     del buffer[: 4 + length]
-                    message = marshal.loads(data)
                     classes = self._classes
                     if classes is None:
                         return message
