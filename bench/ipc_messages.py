@@ -11,8 +11,9 @@ codec: build it, marshal it, frame it, unframe it, unmarshal it, dispatch it to 
                the Python backend uses now): sent as `message[:]`, rebuilt with one
                `tuple.__new__`, dispatched through a dict by type
 
-Then one socketpair, one thread: the real `oceanus.ipc.channel.Channel` sending and receiving
-the same messages as plain tuples and as typed messages (send 64, receive 64, repeated).
+Then one socketpair, one thread (send 64, receive 64, repeated): the Channel as it was before
+issue 15 (tagged tuples, the frame copied twice on receipt), and the real
+`oceanus.ipc.channel.Channel` carrying the same messages as plain tuples and as typed messages.
 
     python bench/ipc_messages.py [--number 20000] [--repeat 7]
 
@@ -151,20 +152,38 @@ def best_ns(runs: list[Callable[[], Any]], number: int, repeat: int) -> list[flo
     return best
 
 
-def channel_ns(message: tuple[Any, ...], number: int, repeat: int) -> tuple[float, float]:
-    """Per message, sending 64 and receiving them on one socketpair: as plain tuples, typed
-    (the best round of each, interleaved)."""
+class BeforeChannel(Channel):
+    """The channel's receiving side before issue 15: the frame copied out twice."""
+
+    def recv(self, timeout: float | None = None, wakeable: bool = False) -> Any:
+        buffer = self._buffer
+        while True:
+            if len(buffer) >= 4:
+                (length,) = _LENGTH.unpack_from(buffer, 0)
+                if len(buffer) >= 4 + length:
+                    data = bytes(buffer[4 : 4 + length])
+                    del buffer[: 4 + length]
+                    return marshal.loads(data)
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise EOFError("channel closed")
+            buffer += chunk
+
+
+def channel_ns(message: tuple[Any, ...], tag: str, number: int, repeat: int) -> list[float]:
+    """Per message, sending 64 and receiving them on one socketpair: before issue 15, plain
+    tuples now, typed now (the best round of each, interleaved)."""
     cls, fields = type(message), tuple(message[:-1])
-    plain = ("x", *fields)
+    plain = (tag, *fields)
     rounds = max(1, number // 64)
-    best = [float("inf"), float("inf")]
+    best = [float("inf")] * 3
     ends = []
-    for kinds in (None, msg.KINDS):
+    for kind, kinds in ((BeforeChannel, None), (Channel, None), (Channel, msg.KINDS)):
         left, right = socket.socketpair()
-        ends.append((Channel(left, kinds), Channel(right, kinds)))
+        ends.append((kind(left, kinds), kind(right, kinds)))
     for _ in range(repeat):
         for index, (sender, receiver) in enumerate(ends):
-            typed = index == 1
+            typed = index == 2
             started = time.perf_counter_ns()
             for _ in range(rounds):
                 for _ in range(64):
@@ -176,7 +195,7 @@ def channel_ns(message: tuple[Any, ...], number: int, repeat: int) -> tuple[floa
     for sender, receiver in ends:
         sender.close()
         receiver.close()
-    return best[0], best[1]
+    return best
 
 
 def main() -> int:
@@ -213,12 +232,22 @@ def main() -> int:
     )
     print()
     socket_rows = []
-    for label, message, _ in SAMPLES[:4]:
-        plain, typed = channel_ns(message, args.number, args.repeat)
-        socket_rows.append([label, f"{plain:.0f}", f"{typed:.0f}", f"{typed / plain:.2f}x"])
-        results.append({"message": label, "channel_tuple_ns": plain, "channel_typed_ns": typed})
-    print("oceanus.ipc Channel over a socketpair, one thread (ns per message sent and received)")
-    print(benchlib.table(["message", "plain tuples", "typed", "typed / plain"], socket_rows))
+    for label, message, tag in SAMPLES[:4]:
+        before, plain, typed = channel_ns(message, tag, args.number, args.repeat)
+        socket_rows.append(
+            [label, f"{before:.0f}", f"{plain:.0f}", f"{typed:.0f}", f"{typed / before:.2f}x"]
+        )
+        results.append(
+            {
+                "message": label,
+                "channel_before_ns": before,
+                "channel_tuple_ns": plain,
+                "channel_typed_ns": typed,
+            }
+        )
+    print("over a socketpair, one thread (ns per message sent and received, best)")
+    headers = ["message", "before", "tuples now", "typed now", "typed now / before"]
+    print(benchlib.table(headers, socket_rows))
     print(f"load before {load_before}, after {benchlib.loadavg()}")
     out_dir = benchlib.RESULTS_DIR
     out_dir.mkdir(exist_ok=True)
