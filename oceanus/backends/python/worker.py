@@ -61,6 +61,8 @@ class Worker(runtime.Runtime):
         self.instance_name = ""
         self.model_version = -1
         self.decoupled = False
+        # Between initialize() and finalize(): BLS requests are refused outside (as in Triton).
+        self.serving = False
         self.writer: tp.RingWriter | None = None
         self.reader: tp.RingReader | None = None
         self._bls: dict[int, Any] = {}
@@ -168,6 +170,8 @@ class Worker(runtime.Runtime):
         self.mailbox.poke()
 
     def bls(self, request: pb.InferenceRequest, decoupled: bool) -> concurrent.futures.Future[Any]:
+        if not self.serving:
+            raise pb.TritonModelException("BLS is only supported during the 'execute' function.")
         bls_id = next(self._ids)
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         if decoupled:
@@ -261,6 +265,7 @@ class Worker(runtime.Runtime):
         except BaseException as exc:
             self.channel.send(msg.Ready(format_exception(exc), False))
             raise SystemExit(1) from None
+        self.serving = True
         metrics.flush_deferred()
         self.channel.send(msg.Ready(None, callable(getattr(self.model, "is_ready", None))))
 
@@ -389,6 +394,7 @@ class Worker(runtime.Runtime):
                     )
 
     def finalize(self) -> None:
+        self.serving = False
         finalize = getattr(self.model, "finalize", None)
         if finalize is not None:
             try:
