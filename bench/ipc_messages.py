@@ -15,7 +15,7 @@ Then one socketpair, one thread (send 64, receive 64, repeated): the Channel as 
 issue 15 (tagged tuples, the frame copied twice on receipt), and the real
 `oceanus.ipc.channel.Channel` carrying the same messages as plain tuples and as typed messages.
 
-    python bench/ipc_messages.py [--number 20000] [--repeat 7]
+    python bench/ipc_messages.py [--number 2000] [--repeat 40]
 
 Prints a table of nanoseconds per message (the best of the repeats: this measures code, not
 the machine's noise) and writes bench/results/ipc-messages-<timestamp>.json.
@@ -200,8 +200,8 @@ def channel_ns(message: tuple[Any, ...], tag: str, number: int, repeat: int) -> 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--number", type=int, default=20000)
-    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--number", type=int, default=2000)
+    parser.add_argument("--repeat", type=int, default=40)
     args = parser.parse_args()
     load_before = benchlib.loadavg()
     rows, results = [], []
