@@ -9,9 +9,12 @@ under perf_analyzer (HTTP, binary tensors); medians are printed and written to
 bench/results/python-backend-<timestamp>.json with the exact commands.
 
     python bench/python_backend.py [--repeat 3] [--concurrency 16] [--window-ms 2000]
+                                   [--baseline OTHER_CHECKOUT]
 
 The reference Triton comes from ../shared/triton-reference/start.sh (the nvidia-pytriton wheel;
 its first use creates a venv, a few minutes). Without it only Oceanus is measured.
+`--baseline` also serves the same models with the Oceanus of another checkout (an earlier commit,
+say), in the same rounds: before/after ratios measured side by side.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ MODELS = {
     "identity_one": {"max_batch": 0, "dims": "1, 16", "batching": ""},
 }
 SERVERS = ("oceanus", "triton")
+BASELINE = "baseline"  # --baseline: the Oceanus of another checkout
 
 
 def write_repository(root: Path) -> Path:
@@ -73,10 +77,13 @@ def write_repository(root: Path) -> Path:
     return root
 
 
-def start(server: str, repository: Path) -> tuple[subprocess.Popen[bytes] | None, int, int]:
+def start(
+    server: str, repository: Path, baseline: Path | None = None
+) -> tuple[subprocess.Popen[bytes] | None, int, int]:
     """(process or None for the reference, whose pid is killed by stop), http port, pid."""
     http, grpc_port, metrics = (benchlib.free_port() for _ in range(3))
-    if server == "oceanus":
+    if server in ("oceanus", BASELINE):
+        checkout = baseline if server == BASELINE and baseline is not None else benchlib.ROOT
         process = subprocess.Popen(
             [
                 sys.executable,
@@ -91,6 +98,7 @@ def start(server: str, repository: Path) -> tuple[subprocess.Popen[bytes] | None
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env=dict(os.environ, PYTHONPATH=str(checkout)),
         )
         benchlib.wait_http_ok(f"http://127.0.0.1:{http}/v2/health/ready", process, 120)
         return process, http, process.pid
@@ -126,6 +134,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--window-ms", type=int, default=2000)
+    parser.add_argument("--baseline", type=Path, help="another checkout to serve beside this one")
     args = parser.parse_args()
     found = perf.find_perf_analyzer()
     if found is None:
@@ -133,6 +142,8 @@ def main() -> int:
         return 1
     binary, env = found
     servers = SERVERS if START_REFERENCE.exists() else ("oceanus",)
+    if args.baseline is not None:
+        servers = (servers[0], BASELINE, *servers[1:])
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {s: {m: [] for m in MODELS} for s in servers}
     load_before = benchlib.loadavg()
     with tempfile.TemporaryDirectory(prefix="oceanus-pybench-") as tmp:
@@ -140,7 +151,7 @@ def main() -> int:
         for round_index in range(args.repeat):
             order = servers if round_index % 2 == 0 else tuple(reversed(servers))
             for server in order:
-                process, port, pid = start(server, repository)
+                process, port, pid = start(server, repository, args.baseline)
                 try:
                     for model in MODELS:
                         result = perf.run_level(
@@ -169,27 +180,22 @@ def main() -> int:
         }
         for server, per_model in runs.items()
     }
+    others = [server for server in servers if server != "oceanus"]
     rows = []
     for model in MODELS:
         ours = medians["oceanus"][model]
-        theirs = medians.get("triton", {}).get(model)
-        ratio = ours["infer_per_s"] / theirs["infer_per_s"] if theirs else None
-        rows.append(
-            [
-                model,
-                f"{ours['infer_per_s']:.0f}",
-                f"{ours['p50_ms']:.2f}",
-                f"{theirs['infer_per_s']:.0f}" if theirs else "-",
-                f"{theirs['p50_ms']:.2f}" if theirs else "-",
-                f"{ratio:.2f}x" if ratio else "-",
-            ]
-        )
+        row = [model, f"{ours['infer_per_s']:.0f}", f"{ours['p50_ms']:.2f}"]
+        for server in others:
+            theirs = medians[server][model]
+            ratio = ours["infer_per_s"] / theirs["infer_per_s"] if theirs["infer_per_s"] else 0
+            row += [f"{theirs['infer_per_s']:.0f}", f"{theirs['p50_ms']:.2f}", f"{ratio:.2f}x"]
+        rows.append(row)
+    headers = ["model", "Oceanus infer/s", "p50 ms"]
+    for server in others:
+        label = "Triton" if server == "triton" else "baseline"
+        headers += [f"{label} infer/s", "p50 ms", f"vs {label}"]
     print()
-    print(
-        benchlib.table(
-            ["model", "Oceanus infer/s", "p50 ms", "Triton infer/s", "p50 ms", "ratio"], rows
-        )
-    )
+    print(benchlib.table(headers, rows))
     print(f"concurrency {args.concurrency}, medians of {args.repeat}; load before {load_before}")
     benchlib.write_side_by_side("python-backend", args, load_before, medians=medians, runs=runs)
     return 0

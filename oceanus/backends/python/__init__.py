@@ -1,11 +1,20 @@
-"""Triton's Python backend: `model.py` files run in worker processes, one per model instance.
+"""Triton's Python backend: `model.py` files run in stub processes, one per model instance.
 
-- `backend.py`   the server side: PythonBackend/PythonInstance (starts, watches and restarts the
-                 worker, sends batches, receives responses, serves BLS calls)
-- `worker.py`    the worker process (`python -m oceanus.backends.python.worker FD`)
-- `transport.py` the control channel (framed marshal messages over a socketpair) and the
-                 shared-memory rings that carry tensor bytes
-- `utils.py`     the `triton_python_backend_utils` API model.py files import
+Server side:
+- `backend.py`      PythonBackend: the model file, auto-complete (in a short-lived stub)
+- `instance.py`     PythonInstance: drives one stub (start, watchdog, restart, health,
+                    is_ready, execute_requests, execute timeout, close)
+- `stub.py`         starting a stub process (rings, socketpair, Init until Ready)
+- `batches.py`      what is in flight: a batch's Exec, where Result / Response go
+- `dispatch.py`     which part of the backend each message from a stub goes to
+- `server_calls.py` BLS requests and pb_utils calls, through the core's ServerHandle
+Both sides:
+- `messages.py`     the typed messages between server and stub
+- `transport.py`    their channel and rings (oceanus.ipc, bound to these messages)
+Stub side:
+- `worker.py`       the stub process (`python -m oceanus.backends.python.worker FD`)
+- `model_code.py`   import model.py, run its coroutines, check what it returns, format errors
+- `utils.py`, `pb/` the `triton_python_backend_utils` API model.py files import
 
-This package's __init__ stays import-free: the worker imports only `transport` and `utils`.
+This package's __init__ stays import-free: the stub must not import the server side.
 """

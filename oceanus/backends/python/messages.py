@@ -1,24 +1,43 @@
 """The messages between the server and a Python worker process, one typed structure per kind.
 
-Each is a NamedTuple; on the wire it is `(kind number, *fields)` framed with `marshal`
-(transport.py), so the structures cost what the plain tuples cost. Tensor data never travels in
-a message: `location` names a block of a shared-memory ring (or a one-off file) and `descs`
-describe the tensors in it (transport.TensorDesc).
+Each is a NamedTuple whose last field, `kind`, is its number on the wire (senders never write
+it). On the wire a message is its plain tuple framed with `marshal` (oceanus.ipc.channel); the
+reader rebuilds the NamedTuple from the number at the end with one `tuple.__new__`, so the typed
+messages cost what the old tagged tuples cost (bench/ipc_messages.py). Tensor data never travels
+in a message: `location` names a block of a shared-memory ring (or a one-off file) and `descs`
+describe the tensors in it (oceanus.ipc.tensors.TensorDesc). Nested values stay plain tuples,
+typed by the aliases here.
+
+A stub's life on the wire: the server sends Init (or Autocomplete); the stub answers Ready,
+having sent Log, Call and MetricUpdate meanwhile from initialize(). Then each batch is one Exec
+answered by one Result; a response sender's responses are Responses; BLS requests (Bls),
+cancellation queries (Query) and calls (Call) may come at any time, each answered by its own
+message. Finalize ends it.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias
 
-# (location kind "r": data offset, end position) or ("f": path, size); None when no bytes.
-Location: TypeAlias = "tuple[Any, ...] | None"
+from oceanus.ipc.channel import MessageKinds
+from oceanus.ipc.rings import Location as BlockLocation
+from oceanus.ipc.tensors import TensorDesc
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
+# Where a message's tensors are (oceanus.ipc.rings.Location); None when it has no bytes.
+Location: TypeAlias = "BlockLocation | None"
 # A response's outputs and parameters (JSON), or its error (core ErrorCode name, message).
-OkPayload: TypeAlias = "tuple[str, Any, str]"  # ("ok", tensor descs, parameters JSON)
-ErrorPayload: TypeAlias = "tuple[str, Any, str]"  # ("err", code name, message)
+OkPayload: TypeAlias = "tuple[Literal['ok'], list[TensorDesc], str]"
+ErrorPayload: TypeAlias = "tuple[Literal['err'], str, str]"
 Payload: TypeAlias = "OkPayload | ErrorPayload"
+# One request of an Exec: (key, request id, correlation id, flags, timeout, parameters JSON,
+# requested output names, input descs); `key` names the request in later messages.
+RequestEntry: TypeAlias = "tuple[int, str, int | str, int, int, str, list[str], list[TensorDesc]]"
 
 
-def ok_payload(descs: Any, parameters: str) -> OkPayload:
+def ok_payload(descs: list[TensorDesc], parameters: str) -> OkPayload:
     return ("ok", descs, parameters)
 
 
@@ -26,7 +45,7 @@ def error_payload(code: str, message: str) -> ErrorPayload:
     return ("err", code, message)
 
 
-def is_error(payload: Payload) -> bool:
+def is_error(payload: Payload) -> TypeIs[ErrorPayload]:
     return payload[0] == "err"
 
 
@@ -43,6 +62,7 @@ class Init(NamedTuple):
     w2s: str  # the worker -> server ring file
     capacity: int
     spill_prefix: str  # one-off files for messages too big for the ring
+    kind: int = 1
 
 
 class Autocomplete(NamedTuple):
@@ -50,6 +70,7 @@ class Autocomplete(NamedTuple):
 
     model_path: str
     config_json: str
+    kind: int = 2
 
 
 class Exec(NamedTuple):
@@ -58,7 +79,8 @@ class Exec(NamedTuple):
 
     batch_id: int
     location: Location
-    requests: list[tuple[Any, ...]]
+    requests: list[RequestEntry]
+    kind: int = 3
 
 
 class BlsResponse(NamedTuple):
@@ -68,27 +90,33 @@ class BlsResponse(NamedTuple):
     location: Location
     payload: Payload | None
     final: bool
+    kind: int = 4
 
 
 class QueryAnswer(NamedTuple):
     query_id: int
     cancelled: bool
+    kind: int = 5
 
 
 class CallAnswer(NamedTuple):
     call_id: int
     error: str | None
     result: Any
+    kind: int = 6
 
 
 class IsReady(NamedTuple):
     """Call the model's is_ready()."""
 
     check_id: int
+    kind: int = 7
 
 
 class Finalize(NamedTuple):
     """Call finalize() and exit."""
+
+    kind: int = 8
 
 
 # ---- worker -> server ----------------------------------------------------------------------------
@@ -100,6 +128,7 @@ class Ready(NamedTuple):
 
     error: str | None
     result: Any
+    kind: int = 9
 
 
 class Result(NamedTuple):
@@ -110,6 +139,7 @@ class Result(NamedTuple):
     location: Location
     payloads: list[Payload | None] | None
     error: str | None
+    kind: int = 10
 
 
 class Response(NamedTuple):
@@ -119,11 +149,13 @@ class Response(NamedTuple):
     location: Location
     payload: Payload | None
     final: bool
+    kind: int = 11
 
 
 class Log(NamedTuple):
     level: str
     text: str
+    kind: int = 12
 
 
 class Bls(NamedTuple):
@@ -140,7 +172,8 @@ class Bls(NamedTuple):
     output_names: list[str]
     decoupled: bool
     location: Location
-    descs: list[Any]
+    descs: list[TensorDesc]
+    kind: int = 13
 
 
 class Query(NamedTuple):
@@ -148,6 +181,7 @@ class Query(NamedTuple):
 
     query_id: int
     key: int
+    kind: int = 14
 
 
 class Call(NamedTuple):
@@ -156,6 +190,7 @@ class Call(NamedTuple):
     call_id: int
     operation: str
     args: Any
+    kind: int = 15
 
 
 class MetricUpdate(NamedTuple):
@@ -164,16 +199,20 @@ class MetricUpdate(NamedTuple):
     metric_id: int
     operation: str
     value: float
+    kind: int = 16
 
 
 class IsReadyAnswer(NamedTuple):
     check_id: int
     ready: bool
     error: str | None
+    kind: int = 17
 
 
 class Finalized(NamedTuple):
     """finalize() returned."""
+
+    kind: int = 18
 
 
 Message: TypeAlias = (
@@ -182,34 +221,25 @@ Message: TypeAlias = (
     " | Finalized"
 )
 
-_TYPES: tuple[type[Any], ...] = (
-    Init,
-    Autocomplete,
-    Exec,
-    BlsResponse,
-    QueryAnswer,
-    CallAnswer,
-    IsReady,
-    Finalize,
-    Ready,
-    Result,
-    Response,
-    Log,
-    Bls,
-    Query,
-    Call,
-    MetricUpdate,
-    IsReadyAnswer,
-    Finalized,
+KINDS = MessageKinds(
+    (
+        Init,
+        Autocomplete,
+        Exec,
+        BlsResponse,
+        QueryAnswer,
+        CallAnswer,
+        IsReady,
+        Finalize,
+        Ready,
+        Result,
+        Response,
+        Log,
+        Bls,
+        Query,
+        Call,
+        MetricUpdate,
+        IsReadyAnswer,
+        Finalized,
+    )
 )
-_KINDS: dict[type[Any], int] = {kind: number for number, kind in enumerate(_TYPES)}
-
-
-def encode(message: Message) -> tuple[Any, ...]:
-    """The plain tuple marshal writes."""
-    return (_KINDS[type(message)], *message)
-
-
-def decode(data: tuple[Any, ...]) -> Message:
-    message: Message = _TYPES[data[0]]._make(data[1:])
-    return message

@@ -13,14 +13,12 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import numpy as np
-
 from oceanus.backends.python import messages as msg
 from oceanus.backends.python import transport as tp
 from oceanus.backends.python.stub import Stub
 from oceanus.core.backend import ServerHandle
 from oceanus.core.custom_metrics import MetricError, MetricOwner
-from oceanus.core.errors import ErrorCode, InferenceServerError, internal, unavailable
+from oceanus.core.errors import InferenceServerError, internal, unavailable
 from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 
 # How a BLS request names itself when the server refuses a decoupled model.
@@ -109,13 +107,7 @@ class ServerCalls:
     # ---- BLS ---------------------------------------------------------------------------------
 
     def on_bls(self, stub: Stub, message: msg.Bls) -> None:
-        block, token = (
-            stub.reader.open(message.location) if message.location is not None else (None, None)
-        )
-        try:
-            arrays = tp.unpack(block, message.descs, copy=True)
-        finally:
-            stub.reader.release(token)
+        arrays = tp.unpack_copies(stub.reader, message.location, message.descs)
         parameters: dict[str, Any] = (
             json.loads(message.parameters_json) if message.parameters_json else {}
         )
@@ -249,25 +241,6 @@ def on_metric(metrics: MetricOwner, message: msg.MetricUpdate) -> None:
 def answer(channel: tp.Channel, call_id: int, error: str | None, result: Any) -> None:
     with contextlib.suppress(OSError):  # the worker is gone
         channel.send(msg.CallAnswer(call_id, error, result))
-
-
-def payload_outputs(
-    block: np.ndarray | None, payload: msg.Payload
-) -> dict[str, np.ndarray] | InferenceServerError:
-    """A response's outputs (copied out of the block), or its error."""
-    if msg.is_error(payload):
-        _, code, message = payload
-        return InferenceServerError(ErrorCode[code], message)
-    _, descs, _parameters = payload
-    return {name: array for name, _, array in tp.unpack(block, descs, copy=True)}
-
-
-def payload_parameters(payload: msg.Payload | None) -> dict[str, Any] | None:
-    """The response parameters a model set (None when it set none)."""
-    if payload is None or msg.is_error(payload) or not payload[2] or payload[2] == "{}":
-        return None
-    parameters = json.loads(payload[2])
-    return parameters if isinstance(parameters, dict) and parameters else None
 
 
 def as_server_error(exc: BaseException) -> InferenceServerError:

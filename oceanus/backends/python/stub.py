@@ -9,6 +9,7 @@ short-lived one that only calls the model's auto_complete_config.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import signal
 import socket
@@ -61,6 +62,11 @@ class Stub:
         self.check_id: int | None = None
         self.check_sent = 0.0
 
+    def remove_files(self) -> None:
+        """One-off files of messages the stub died before reading."""
+        for path in glob.glob(f"{self.prefix}-*"):
+            unlink(path)
+
 
 def spawn(
     name: str,
@@ -68,7 +74,7 @@ def spawn(
     init: Callable[[str, str, int, str], msg.Init],
     capacity: int,
     metrics: MetricOwner,
-    on_message: Callable[[tp.Channel, msg.Message], None],
+    on_message: Callable[[Stub, msg.Message], None],
 ) -> Stub:
     """Start a stub and wait for its initialize(); raises with the model's error.
 
@@ -89,6 +95,7 @@ def spawn(
         child.close()
         writer = tp.RingWriter(s2w, capacity, f"{prefix}-s-")
         reader = tp.RingReader(w2s, capacity)
+        stub = Stub(generation, process, channel, writer, reader, prefix, metrics, False)
         channel.send(init(s2w, w2s, capacity, f"{prefix}-w-"))
         while True:
             try:
@@ -101,7 +108,7 @@ def spawn(
             if isinstance(message, msg.Ready):
                 break
             if message is not None:
-                on_message(channel, message)
+                on_message(stub, message)
         if message.error is not None:
             raise internal(str(message.error))
     except BaseException:
@@ -110,14 +117,14 @@ def spawn(
         if process is not None:
             process.kill()
             process.wait()
-        for path in (s2w, w2s):
-            unlink(path)
         raise
-    # Both ends have mapped the rings: the names are no longer needed, and nothing is left
-    # behind in /dev/shm whatever happens to either process.
-    unlink(s2w)
-    unlink(w2s)
-    return Stub(generation, process, channel, writer, reader, prefix, metrics, bool(message.result))
+    finally:
+        # Both ends have mapped the rings (or never will): the names are no longer needed, and
+        # nothing is left behind in /dev/shm whatever happens to either process.
+        unlink(s2w)
+        unlink(w2s)
+    stub.has_is_ready = bool(message.result)
+    return stub
 
 
 def run_autocomplete(model_path: Path, config_json: str) -> str:

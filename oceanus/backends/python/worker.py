@@ -16,21 +16,27 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
-import importlib.util
 import itertools
 import json
 import os
 import socket
 import sys
 import threading
-import traceback
-import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from oceanus.backends.python import messages as msg
 from oceanus.backends.python import transport as tp
 from oceanus.backends.python import utils as pb
+from oceanus.backends.python.model_code import (
+    AsyncRunner,
+    BackendError,
+    check_returned,
+    describe,
+    format_exception,
+    load_module,
+    model_class,
+)
 from oceanus.backends.python.pb import metrics, runtime
 from oceanus.backends.python.pb.requests import ResponseIterator
 from oceanus.backends.python.pb.types import ERROR_CODE_NAMES, ERROR_CODES_BY_NAME
@@ -40,35 +46,6 @@ from oceanus.backends.python.pb.types import ERROR_CODE_NAMES, ERROR_CODES_BY_NA
 STANDBY_AFTER_S = 0.02
 # How long an `async def is_ready` may take (the server reports not ready after this long too).
 IS_READY_TIMEOUT_S = 5.0
-
-
-def _format_exception(exc: BaseException) -> str:
-    """`<Type>: <message>` and the frames of the model's code, innermost first, as Triton's
-    stub prints them (`\n\nAt:\n  <file>(<line>): <function>\n`)."""
-    text = f"{type(exc).__name__}: {exc}"
-    frames = [
-        frame
-        for frame in traceback.extract_tb(exc.__traceback__)
-        if not _is_plumbing(frame.filename)
-    ]
-    if not frames:
-        return text
-    lines = [f"  {frame.filename}({frame.lineno}): {frame.name}" for frame in reversed(frames)]
-    return text + "\n\nAt:\n" + "\n".join(lines) + "\n"
-
-
-_PLUMBING = (
-    os.path.dirname(os.path.abspath(__file__)) + os.sep,
-    os.path.dirname(asyncio.__file__) + os.sep,
-    os.path.dirname(concurrent.futures.__file__) + os.sep,
-    os.path.dirname(importlib.util.__file__) + os.sep,
-)
-
-
-def _is_plumbing(filename: str) -> bool:
-    """Frames of this worker, asyncio or the import system, which the model's author did not
-    write."""
-    return filename.startswith("<frozen") or os.path.abspath(filename).startswith(_PLUMBING)
 
 
 class Worker(runtime.Runtime):
@@ -84,14 +61,15 @@ class Worker(runtime.Runtime):
         self.instance_name = ""
         self.model_version = -1
         self.decoupled = False
+        # Between initialize() and finalize(): BLS requests are refused outside (as in Triton).
+        self.serving = False
         self.writer: tp.RingWriter | None = None
         self.reader: tp.RingReader | None = None
         self._bls: dict[int, Any] = {}
         self._queries: dict[int, concurrent.futures.Future[bool]] = {}
         self._calls: dict[int, concurrent.futures.Future[tuple[str | None, Any]]] = {}
         self._ids = itertools.count(1)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_lock = threading.Lock()
+        self.runner = AsyncRunner()  # the loop `async def` methods run on
         self._background: set[concurrent.futures.Future[Any]] = set()
 
     # ---- messages from the server -----------------------------------------------------------
@@ -192,6 +170,8 @@ class Worker(runtime.Runtime):
         self.mailbox.poke()
 
     def bls(self, request: pb.InferenceRequest, decoupled: bool) -> concurrent.futures.Future[Any]:
+        if not self.serving:
+            raise pb.TritonModelException("BLS is only supported during the 'execute' function.")
         bls_id = next(self._ids)
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         if decoupled:
@@ -252,28 +232,16 @@ class Worker(runtime.Runtime):
         try:
             result = self.model.is_ready()
             if asyncio.iscoroutine(result):
-                result = self._run(result).result(timeout=IS_READY_TIMEOUT_S)
+                result = self.runner.run(result).result(timeout=IS_READY_TIMEOUT_S)
             if not isinstance(result, bool):
-                raise _BackendError("is_ready() must return a boolean value")
+                raise BackendError("is_ready() must return a boolean value")
             ready = result
         except BaseException as exc:
-            error = str(exc) if isinstance(exc, _BackendError) else _format_exception(exc)
+            error = describe(exc)
         with contextlib.suppress(OSError):
             self.channel.send(msg.IsReadyAnswer(check_id, ready, error))
 
     # ---- the model ----------------------------------------------------------------------------
-
-    def load(self, model_path: str) -> types.ModuleType:
-        folder = os.path.dirname(model_path)
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
-        spec = importlib.util.spec_from_file_location("model", model_path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot import {model_path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["model"] = module
-        spec.loader.exec_module(module)
-        return module
 
     def initialize(self, message: msg.Init) -> None:
         model_path, args = message.model_path, message.args
@@ -284,13 +252,7 @@ class Worker(runtime.Runtime):
         self.reader = tp.RingReader(message.s2w, message.capacity)
         self.writer = tp.RingWriter(message.w2s, message.capacity, message.spill_prefix)
         try:
-            module = self.load(model_path)
-            model_class = getattr(module, "TritonPythonModel", None)
-            if model_class is None:
-                raise AttributeError(
-                    f"Python model {model_path} does not define class 'TritonPythonModel'"
-                )
-            self.model = model_class()
+            self.model = model_class(load_module(model_path), model_path)()
             if not hasattr(self.model, "execute"):
                 raise AttributeError(
                     f"Python model {model_path} does not implement `execute` method."
@@ -301,26 +263,16 @@ class Worker(runtime.Runtime):
                 if asyncio.iscoroutine(result):
                     self._await(result)
         except BaseException as exc:
-            self.channel.send(msg.Ready(_format_exception(exc), False))
+            self.channel.send(msg.Ready(format_exception(exc), False))
             raise SystemExit(1) from None
+        self.serving = True
         metrics.flush_deferred()
         self.channel.send(msg.Ready(None, callable(getattr(self.model, "is_ready", None))))
-
-    def _event_loop(self) -> asyncio.AbstractEventLoop:
-        with self._loop_lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="asyncio", daemon=True).start()
-                self._loop = loop
-            return self._loop
-
-    def _run(self, coroutine: Any) -> concurrent.futures.Future[Any]:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._event_loop())
 
     def _await(self, coroutine: Any) -> Any:
         """Run a coroutine on the worker's loop and wait for it, reading messages meanwhile (the
         coroutine may be waiting for a BLS response)."""
-        future = self._run(coroutine)
+        future = self.runner.run(coroutine)
         future.add_done_callback(lambda _: self.mailbox.poke())
         self.mailbox.wait(future.done, wakeable=True)
         return future.result()
@@ -357,7 +309,7 @@ class Worker(runtime.Runtime):
         except BaseException as exc:
             text = (
                 f"Failed to process the request(s) for model '{self.instance_name}', message: "
-                + (str(exc) if isinstance(exc, _BackendError) else _format_exception(exc))
+                + describe(exc)
             )
             for request in requests:  # no response may follow the batch's error
                 request.get_response_sender()._close()
@@ -385,7 +337,7 @@ class Worker(runtime.Runtime):
                         if t.name() in wanted
                     ]
                 )
-                payloads.append(msg.ok_payload(None, response.parameters()))
+                payloads.append(msg.ok_payload([], response.parameters()))
         reader = self.reader
 
         def build(loc: Any, descs: list[list[tp.TensorDesc]]) -> msg.Result:
@@ -401,47 +353,26 @@ class Worker(runtime.Runtime):
 
     def _call_execute(
         self, requests: list[pb.InferenceRequest]
-    ) -> list[pb.InferenceResponse | None]:
+    ) -> Sequence[pb.InferenceResponse | None]:
         returned = self.model.execute(requests)
         if asyncio.iscoroutine(returned):
             if self.decoupled:
-                future = self._run(returned)
+                future = self.runner.run(returned)
                 self._background.add(future)
                 future.add_done_callback(lambda f: self._background_done(f, requests))
                 return [None] * len(requests)
             returned = self._await(returned)
-        if self.decoupled:
-            if returned is not None:
-                raise _BackendError(
-                    f"Python model '{self.instance_name}' is using the decoupled mode and the "
-                    "execute function must return None."
-                )
-            return [None] * len(requests)
-        if returned is None:
+        responses = check_returned(returned, requests, self.instance_name, self.decoupled)
+        if responses is not None:
+            return responses
+        if not self.decoupled:
             # Responses went (or go) through the response senders, one per request; a request
             # whose sender was never asked for gets no response (the server says so).
             senders = [r._sender for r in requests if r._sender is not None]
             self.mailbox.wait(
                 lambda: all(sender.done.is_set() for sender in senders), wakeable=True
             )
-            return [None] * len(requests)
-        if not isinstance(returned, list):
-            raise _BackendError(
-                f"Expected a list in the execute return, found type '{type(returned)}'."
-            )
-        if len(returned) != len(requests):
-            raise _BackendError(
-                "Number of InferenceResponse objects do not match the number of "
-                f"InferenceRequest objects. InferenceRequest(s) size is:{len(requests)}, and "
-                f"InferenceResponse(s) size is:{len(returned)}\n"
-            )
-        for response in returned:
-            if not isinstance(response, pb.InferenceResponse):
-                raise _BackendError(
-                    "Expected an 'InferenceResponse' object in the execute function return "
-                    f"list, found type '{type(response)}'."
-                )
-        return returned
+        return [None] * len(requests)
 
     def _background_done(
         self, future: concurrent.futures.Future[Any], requests: list[pb.InferenceRequest]
@@ -450,7 +381,7 @@ class Worker(runtime.Runtime):
         exc = future.exception()
         if exc is None:
             return
-        text = _format_exception(exc)
+        text = format_exception(exc)
         self.log("ERROR", text)
         # Close the requests the model left open, so their clients are not kept waiting.
         for request in requests:
@@ -463,6 +394,7 @@ class Worker(runtime.Runtime):
                     )
 
     def finalize(self) -> None:
+        self.serving = False
         finalize = getattr(self.model, "finalize", None)
         if finalize is not None:
             try:
@@ -470,7 +402,7 @@ class Worker(runtime.Runtime):
                 if asyncio.iscoroutine(result):
                     self._await(result)
             except BaseException as exc:
-                self.log("ERROR", f"finalize failed: {_format_exception(exc)}")
+                self.log("ERROR", f"finalize failed: {format_exception(exc)}")
         metrics.flush_deferred()
         self.channel.send(msg.Finalized())
 
@@ -488,17 +420,11 @@ class Worker(runtime.Runtime):
                 return
 
 
-class _BackendError(Exception):
-    """A rule of the backend was broken (the message is Triton's, without a traceback)."""
-
-
 def autocomplete(channel: tp.Channel, message: msg.Autocomplete) -> None:
     model_path, config_json = message.model_path, message.config_json
-    worker = Worker(channel)
     try:
-        module = worker.load(model_path)
-        model_class = getattr(module, "TritonPythonModel", None)
-        function = getattr(model_class, "auto_complete_config", None)
+        module = load_module(model_path)
+        function = getattr(getattr(module, "TritonPythonModel", None), "auto_complete_config", None)
         if function is None:
             channel.send(msg.Ready(None, config_json))
             return
@@ -508,7 +434,7 @@ def autocomplete(channel: tp.Channel, message: msg.Autocomplete) -> None:
             config = returned
         channel.send(msg.Ready(None, json.dumps(config.as_dict())))
     except BaseException as exc:
-        channel.send(msg.Ready(_format_exception(exc), ""))
+        channel.send(msg.Ready(format_exception(exc), ""))
 
 
 def main() -> None:
