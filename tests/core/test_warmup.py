@@ -16,6 +16,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.core.warmup_text import warmup_input, warmup_sample
+
 EXPLICIT = ["--model-control-mode=explicit", "--allow-grpc=false", "--allow-metrics=false"]
 
 # A Python model that answers each request with an error unless INPUT0 holds the expected strings.
@@ -45,17 +47,6 @@ input [ {{ name: "INPUT0" data_type: {datatype} dims: [ {dims} ] }} ]
 output [ {{ name: "OUTPUT0" data_type: {datatype} dims: [ {dims} ] }} ]
 model_warmup [ {warmup} ]
 """
-
-
-def _input(name: str, choice: str, dims: str = "16", datatype: str = "TYPE_INT32") -> str:
-    return (
-        f'inputs {{ key: "{name}" value: {{ data_type: {datatype} dims: [ {dims} ] {choice} }} }}'
-    )
-
-
-def _sample(name: str, inputs: list[str], batch_size: int = 1, count: int = 0) -> str:
-    text = f'{{ name: "{name}" batch_size: {batch_size} ' + " ".join(inputs)
-    return text + (f" count: {count} }}" if count else " }")
 
 
 def _python(root: Path, name: str, code: str, datatype: str, dims: str, samples: list[str]) -> Path:
@@ -90,7 +81,9 @@ def test_python_models_get_their_warmup_data_and_decoupled_ones_finish(
     # BYTES: Triton's length-prefixed serialization, checked by the Python model itself, which
     # gets the warmup requests through the Python backend like any other request.
     words = b"".join(len(w).to_bytes(4, "little") + w for w in (b"hello", b"warm", b"world"))
-    text = _sample("text", [_input("INPUT0", 'input_data_file: "words"', "3", "TYPE_STRING")], 3)
+    text = warmup_sample(
+        "text", [warmup_input("INPUT0", 'input_data_file: "words"', "3", "TYPE_STRING")], 3
+    )
     for name, data in (("strings", words), ("wrong_strings", words.replace(b"warm", b"cold"))):
         folder = _python(tmp_path, name, CHECKING_MODEL, "TYPE_STRING", "3", [text])
         (folder / "warmup").mkdir()
@@ -99,7 +92,7 @@ def test_python_models_get_their_warmup_data_and_decoupled_ones_finish(
     for name, choice in (("repeat_ok", "zero_data: true"), ("repeat_bad", 'input_data_file: "n"')):
         folder = tmp_path / name
         shutil.copytree(models / "repeat", folder, ignore=shutil.ignore_patterns("__pycache__"))
-        sample = _sample("decoupled sample", [_input("N", choice, "1")], batch_size=2)
+        sample = warmup_sample("decoupled sample", [warmup_input("N", choice, "1")], batch_size=2)
         config = (folder / "config.pbtxt").read_text().replace('"repeat"', f'"{name}"')
         (folder / "config.pbtxt").write_text(config + f"model_warmup [ {sample} ]\n")
         (folder / "warmup").mkdir()

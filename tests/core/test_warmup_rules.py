@@ -13,6 +13,7 @@ import pytest
 from oceanus.core.errors import InferenceServerError, invalid_arg
 from oceanus.core.server import ServerCore
 from tests.core.fakes import World
+from tests.core.warmup_text import warmup_input, warmup_sample
 
 IO = """
 input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
@@ -23,17 +24,6 @@ STRINGS = """
 input [ { name: "INPUT0" data_type: TYPE_STRING dims: [ 3 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_STRING dims: [ 3 ] } ]
 """
-
-
-def _input(name: str, choice: str, dims: str = "16", datatype: str = "TYPE_INT32") -> str:
-    return (
-        f'inputs {{ key: "{name}" value: {{ data_type: {datatype} dims: [ {dims} ] {choice} }} }}'
-    )
-
-
-def _sample(name: str, inputs: list[str], batch_size: int = 1, count: int = 0) -> str:
-    text = f'{{ name: "{name}" batch_size: {batch_size} ' + " ".join(inputs)
-    return text + (f" count: {count} }}" if count else " }")
 
 
 def _warmup(*samples: str) -> str:
@@ -57,16 +47,20 @@ def test_samples_run_on_every_instance_with_their_data_uncounted(
         IO
         + "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
         + _warmup(
-            _sample(
-                "zeros", [_input("INPUT0", "zero_data: true"), _input("INPUT1", "zero_data: 1")]
+            warmup_sample(
+                "zeros",
+                [warmup_input("INPUT0", "zero_data: true"), warmup_input("INPUT1", "zero_data: 1")],
             ),
-            _sample(
+            warmup_sample(
                 "random",
-                [_input("INPUT0", "random_data: true"), _input("INPUT1", "random_data: true")],
+                [
+                    warmup_input("INPUT0", "random_data: true"),
+                    warmup_input("INPUT1", "random_data: true"),
+                ],
                 batch_size=8,
                 count=2,
             ),
-            _sample("skipped", [_input("INPUT0", "zero_data: 1")], batch_size=0),
+            warmup_sample("skipped", [warmup_input("INPUT0", "zero_data: 1")], batch_size=0),
         ),
         max_batch_size=8,
     )
@@ -103,7 +97,11 @@ def test_an_unbatched_model_gets_one_execution_per_request(world: World) -> None
         "flat",
         IO
         + _warmup(
-            _sample("z", [_input("INPUT0", "zero_data: 1"), _input("INPUT1", "zero_data: 1")], 3)
+            warmup_sample(
+                "z",
+                [warmup_input("INPUT0", "zero_data: 1"), warmup_input("INPUT1", "zero_data: 1")],
+                3,
+            )
         ),
     )
     reasons(world)
@@ -119,9 +117,12 @@ def test_input_data_files(world: World) -> None:
         "from_file",
         IO
         + _warmup(
-            _sample(
+            warmup_sample(
                 "file",
-                [_input("INPUT0", 'input_data_file: "in0"'), _input("INPUT1", "zero_data: true")],
+                [
+                    warmup_input("INPUT0", 'input_data_file: "in0"'),
+                    warmup_input("INPUT1", "zero_data: true"),
+                ],
                 batch_size=2,
             )
         ),
@@ -130,7 +131,9 @@ def test_input_data_files(world: World) -> None:
     (folder / "1" / "warmup").mkdir()  # found in the version folder when the model's has none
     (folder / "1" / "warmup" / "in0").write_bytes(np.arange(16, dtype=np.int32).tobytes())
     words = b"".join(len(w).to_bytes(4, "little") + w for w in (b"hello", b"warm", b"world"))
-    text = _sample("text", [_input("INPUT0", 'input_data_file: "words"', "3", "TYPE_STRING")], 3)
+    text = warmup_sample(
+        "text", [warmup_input("INPUT0", 'input_data_file: "words"', "3", "TYPE_STRING")], 3
+    )
     for name, data in (("strings", words), ("wrong_strings", words.replace(b"warm", b"cold"))):
         folder = world.add(name, STRINGS + _warmup(text), backend="fake_requests", max_batch_size=4)
         (folder / "warmup").mkdir()
@@ -147,8 +150,12 @@ def test_input_data_files(world: World) -> None:
         "short_file",
         IO
         + _warmup(
-            _sample(
-                "s", [_input("INPUT0", 'input_data_file: "in0"'), _input("INPUT1", "zero_data: 1")]
+            warmup_sample(
+                "s",
+                [
+                    warmup_input("INPUT0", 'input_data_file: "in0"'),
+                    warmup_input("INPUT1", "zero_data: 1"),
+                ],
             )
         ),
         max_batch_size=8,
@@ -173,7 +180,10 @@ def test_input_data_files(world: World) -> None:
 
 def test_a_failing_sample_fails_the_load(world: World) -> None:
     samples = _warmup(
-        _sample("zero sample", [_input("INPUT0", "zero_data: 1"), _input("INPUT1", "zero_data: 1")])
+        warmup_sample(
+            "zero sample",
+            [warmup_input("INPUT0", "zero_data: 1"), warmup_input("INPUT1", "zero_data: 1")],
+        )
     )
     world.add("failing", IO + samples, max_batch_size=8)
     world.model("failing").failing_instances["failing_0"] = invalid_arg("An Error Occurred")
@@ -183,8 +193,12 @@ def test_a_failing_sample_fails_the_load(world: World) -> None:
         "wrong_dims",
         IO
         + _warmup(
-            _sample(
-                "dims", [_input("INPUT0", "zero_data: 1", "8"), _input("INPUT1", "zero_data: 1")]
+            warmup_sample(
+                "dims",
+                [
+                    warmup_input("INPUT0", "zero_data: 1", "8"),
+                    warmup_input("INPUT1", "zero_data: 1"),
+                ],
             )
         ),
         max_batch_size=8,
@@ -215,44 +229,52 @@ def test_a_failing_sample_fails_the_load(world: World) -> None:
     ("sample", "message"),
     [
         (
-            _sample("no data", [_input("INPUT0", ""), _input("INPUT1", "zero_data: true")]),
+            warmup_sample(
+                "no data", [warmup_input("INPUT0", ""), warmup_input("INPUT1", "zero_data: true")]
+            ),
             "warmup sample 'no data': warmup setting expects input 'INPUT0' to have "
             "input_data_type set",
         ),
         (
-            _sample("unknown", [_input("INPUT0", "zero_data: 1"), _input("BOGUS", "zero_data: 1")]),
+            warmup_sample(
+                "unknown",
+                [warmup_input("INPUT0", "zero_data: 1"), warmup_input("BOGUS", "zero_data: 1")],
+            ),
             "warmup sample 'unknown': unexpected inference input 'BOGUS' for model 'bad'",
         ),
         (
-            _sample("variable", [_input("INPUT0", "zero_data: 1", "-1"), _input("INPUT1", "")]),
+            warmup_sample(
+                "variable",
+                [warmup_input("INPUT0", "zero_data: 1", "-1"), warmup_input("INPUT1", "")],
+            ),
             "warmup sample 'variable': warmup setting expects all variable-size dimensions are "
             "specified for input 'INPUT0'",
         ),
         (
-            _sample("missing", [_input("INPUT0", "zero_data: 1")]),
+            warmup_sample("missing", [warmup_input("INPUT0", "zero_data: 1")]),
             "warmup sample 'missing': [request id: <id_unknown>] expected 2 inputs but got 1 "
             "inputs for model 'bad'. Got input(s) ['INPUT0'], but missing required input(s) "
             "['INPUT1']. Please provide all required input(s).",
         ),
         (
             # Both inputs: Triton counts them before it looks at their types.
-            _sample(
+            warmup_sample(
                 "type",
                 [
-                    _input("INPUT0", "zero_data: 1", datatype="TYPE_FP32"),
-                    _input("INPUT1", "zero_data: 1"),
+                    warmup_input("INPUT0", "zero_data: 1", datatype="TYPE_FP32"),
+                    warmup_input("INPUT1", "zero_data: 1"),
                 ],
             ),
             "warmup sample 'type': [request id: <id_unknown>] inference input 'INPUT0' data-type "
             "is 'FP32', but model 'bad' expects 'INT32'",
         ),
         (
-            _sample("both", [_input("INPUT0", "zero_data: true random_data: true")]),
+            warmup_sample("both", [warmup_input("INPUT0", "zero_data: true random_data: true")]),
             'Field "random_data" is specified along with field "zero_data", another member of '
             'oneof "input_data_type"',
         ),
         (
-            _sample("no file", [_input("INPUT0", 'input_data_file: "nope"')]),
+            warmup_sample("no file", [warmup_input("INPUT0", 'input_data_file: "nope"')]),
             "warmup sample 'no file': failed to open text file for read",
         ),
     ],
