@@ -189,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N|auto",
         help="Oceanus: processes that serve HTTP and gRPC on the shared ports and hand decoded "
-        "requests to the one core process (default auto: one per usable CPU; 0: one process)",
+        "requests to the one core process (default auto: one per usable CPU, none below 3 "
+        "CPUs; 0: one process)",
     )
     add(
         "--http-restricted-api",

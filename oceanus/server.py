@@ -361,7 +361,7 @@ class Server:
 
 
 def frontend_worker_count(settings: Settings) -> int:
-    """`--frontend-workers`: the number asked for, or one per usable CPU (`auto`)."""
+    """`--frontend-workers`: the number asked for, or `auto`'s (supervisor.auto_workers)."""
     if settings.frontend_workers is not None:
         return settings.frontend_workers
     return auto_workers()

@@ -37,7 +37,7 @@ class Settings:
     # After an HTTP response, poll this long for the next request before sleeping (0: never).
     http_busy_poll_us: int = DEFAULT_BUDGET_US
     # Processes serving HTTP and gRPC beside the core process (0: all in one process; None:
-    # `auto`, one per usable CPU).
+    # `auto`, one per usable CPU, none below 3 CPUs).
     frontend_workers: int | None = None
     model_control_mode: str = "none"
     load_models: list[str] = field(default_factory=list)

@@ -33,9 +33,9 @@ python3 -m ruff format --check .
 python3 -m mypy oceanus bench
 lint-imports
 status=0
-python3 -m pytest "$@" || status=$?
-# The wire tests once more with every server in one process (--frontend-workers 0); the run
-# above used the default, one frontend worker process per CPU.
+# Every server with two frontend worker processes (the default, auto, runs none on a 2-CPU CI
+# machine), then the wire tests once more with every server in one process.
+OCEANUS_TEST_FRONTEND_WORKERS="${OCEANUS_TEST_FRONTEND_WORKERS:-2}" python3 -m pytest "$@" || status=$?
 if [ $# -eq 0 ]; then
   OCEANUS_TEST_FRONTEND_WORKERS=0 python3 -m pytest -q tests/frontends || status=$?
 fi

@@ -19,7 +19,8 @@ from oceanus.examples import SMALL_MODELS, example_repository
 # The small generated models most tests use (the two big ones only in their own smoke test).
 TEST_MODELS = tuple(SMALL_MODELS)
 # Servers start with the default --frontend-workers (auto) unless this names a count: scripts/
-# test.sh runs tests/frontends a second time with 0, so every endpoint is checked both ways.
+# test.sh runs the suite with 2 (auto runs none on a 2-CPU machine) and tests/frontends a
+# second time with 0, so every endpoint is checked both ways.
 FRONTEND_WORKERS = os.environ.get("OCEANUS_TEST_FRONTEND_WORKERS", "")
 
 

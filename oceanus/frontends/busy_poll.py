@@ -32,13 +32,6 @@ DEFAULT_BUDGET_US = 200
 _yield_cpu = getattr(os, "sched_yield", lambda: None)
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 class BusyPoll:
     """Shared by a frontend's connections; call `request_began` and `response_sent`."""
 

@@ -9,10 +9,11 @@ Everything else in the config (inputs, outputs, parameters, warmup, ...) stays a
 from __future__ import annotations
 
 import copy
-import os
 from dataclasses import dataclass, replace
 
 from tritonclient.grpc import model_config_pb2 as mc
+
+from oceanus.cpus import usable_cpus
 
 # Queue delays tried (µs), each only when it is at most a quarter of the latency budget.
 QUEUE_DELAYS_US = (100, 500, 2000)
@@ -65,13 +66,6 @@ class Candidate:
             "max_queue_delay_microseconds": self.delay_us,
             "shipped": self.shipped,
         }
-
-
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def from_config(config: mc.ModelConfig) -> Candidate:

@@ -12,7 +12,8 @@ import pytest
 import uvloop
 
 from oceanus.core.instance import ThreadBatches
-from oceanus.frontends.busy_poll import BusyPoll, usable_cpus
+from oceanus.cpus import usable_cpus
+from oceanus.frontends.busy_poll import BusyPoll
 from oceanus.frontends.http.protocol import HttpRequest, HttpResponse, HttpServer
 
 

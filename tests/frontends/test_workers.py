@@ -1,7 +1,7 @@
 """Frontend worker processes (`--frontend-workers`): what only exists with several processes.
 
-Every other end-to-end test already runs with the default workers (`auto`; scripts/test.sh also
-runs tests/frontends with `--frontend-workers 0`). Here: the worker/core message codec, batches
+Every other end-to-end test already runs with workers (scripts/test.sh runs the suite with
+`--frontend-workers 2`, then tests/frontends with 0). Here: the worker/core message codec, batches
 forming across requests that came through different workers, a worker dying and being replaced
 while the other's clients see nothing, the core dying taking the workers with it, and draining.
 """
@@ -26,6 +26,7 @@ import tritonclient.http as httpclient
 
 from oceanus.core.shared_memory import Region
 from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
+from oceanus.cpus import usable_cpus
 from oceanus.frontends.workers import messages as m
 from oceanus.frontends.workers.supervisor import claim_port
 
@@ -329,3 +330,25 @@ def test_a_bad_worker_count_is_refused() -> None:
     )
     assert result.returncode == 2
     assert "--frontend-workers" in result.stderr
+
+
+AUTO_ON_CPUS = """
+import os, sys
+os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: int(sys.argv[1])]))
+from oceanus.frontends.workers.supervisor import auto_workers
+print(auto_workers())
+"""
+
+
+@pytest.mark.parametrize("cpus", [1, 2, 3, 4])
+def test_auto_runs_one_worker_per_cpu_and_none_below_three(cpus: int) -> None:
+    if usable_cpus() < cpus:
+        pytest.skip(f"needs {cpus} usable CPUs")
+    result = subprocess.run(
+        [sys.executable, "-c", AUTO_ON_CPUS, str(cpus)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert int(result.stdout) == (cpus if cpus >= 3 else 0)

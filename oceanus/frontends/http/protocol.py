@@ -22,7 +22,8 @@ from typing import Any
 
 import httptools
 
-from oceanus.frontends.busy_poll import BusyPoll, usable_cpus
+from oceanus.cpus import usable_cpus
+from oceanus.frontends.busy_poll import BusyPoll
 
 log = logging.getLogger("oceanus.http")
 

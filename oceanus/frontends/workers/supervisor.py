@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from oceanus.cpus import usable_cpus
 from oceanus.frontends.workers import messages as m
 from oceanus.frontends.workers.channel import Channel, Message
 from oceanus.frontends.workers.core_link import CoreLink
@@ -31,22 +31,6 @@ log = logging.getLogger("oceanus.workers")
 START_TIMEOUT_S = 60.0
 # A worker that dies sooner than this after starting is restarted only after a pause.
 _RESTART_PAUSE_S = 1.0
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on: its affinity mask and its cgroup's CPU quota."""
-    try:
-        count = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        count = os.cpu_count() or 1
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as limits:
-            quota, period = limits.read().split()[:2]
-        if quota != "max":
-            count = min(count, max(1, int(int(quota) / int(period) + 0.5)))
-    except (OSError, ValueError):
-        pass
-    return max(1, count)
 
 
 def claim_port(address: str, port: int) -> int:
@@ -60,9 +44,17 @@ def claim_port(address: str, port: int) -> int:
         return int(probe.getsockname()[1])
 
 
+# Below this many usable CPUs `auto` runs no workers: on 2 CPUs the load the workers take off
+# the core is eaten by the extra hop, since nothing is left for them to run on
+# (bench/workers.py, docs/architecture.md: simple over HTTP 0.98x, simple_dyna 0.76x).
+AUTO_MIN_CPUS = 3
+
+
 def auto_workers() -> int:
-    """`--frontend-workers auto`: one per usable CPU (the core process shares them)."""
-    return usable_cpus()
+    """`--frontend-workers auto`: one per usable CPU (the core process shares them), none on
+    a machine too small for them to pay."""
+    cpus = usable_cpus()
+    return cpus if cpus >= AUTO_MIN_CPUS else 0
 
 
 @dataclass
