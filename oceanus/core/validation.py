@@ -67,13 +67,15 @@ def validate_request(
     datatype, shape and size. Triton walks the inputs in its hash map's order, which decides
     which of several bad inputs it names; that order costs a hash per name, so it is only
     worked out when the request is refused."""
-    try:
-        return _validate(request, model_name, max_batch_size, inputs, outputs, request.inputs)
+    given = request.inputs
+    try:  # the common case, a good request: checked once, no error texts built
+        arrays, batch_size = _validate(request, model_name, max_batch_size, inputs, outputs, given)
+        if len(arrays) == len(given):  # else a name came twice: the exact pass says so
+            return arrays, batch_size
     except InferenceServerError:
-        if len(request.inputs) < 2:
-            raise
-    ordered = _triton_order(request.inputs)
-    return _validate(request, model_name, max_batch_size, inputs, outputs, ordered)
+        pass
+    ordered = _triton_order(given) if len(given) > 1 else given
+    return _validate(request, model_name, max_batch_size, inputs, outputs, ordered, exact=True)
 
 
 def _triton_order(tensors: list[Tensor]) -> list[Tensor]:
@@ -88,13 +90,18 @@ def _validate(
     inputs: dict[str, TensorSpec],
     outputs: dict[str, TensorSpec],
     ordered: list[Tensor],
+    exact: bool = False,
 ) -> tuple[dict[str, np.ndarray], int]:
-    prefix = _request_prefix(request)
-    names: set[str] = set()
-    for tensor in request.inputs:  # Triton refuses a repeated name as the frontend adds it
-        if tensor.name in names:
-            raise invalid_arg(f"{prefix}input '{tensor.name}' already exists in request")
-        names.add(tensor.name)
+    """The checks; only an `exact` pass (inputs in Triton's order) looks for repeated names and
+    words its errors with the request's id: a first pass's error is never shown."""
+    prefix = ""
+    if exact:
+        prefix = _request_prefix(request)
+        names: set[str] = set()
+        for tensor in request.inputs:  # Triton refuses a repeated name as the frontend adds it
+            if tensor.name in names:
+                raise invalid_arg(f"{prefix}input '{tensor.name}' already exists in request")
+            names.add(tensor.name)
     if request.outputs is not None:
         for output in request.outputs:
             if output.name not in outputs:
@@ -144,8 +151,9 @@ def _validate(
             # match: the same "byte size mismatch" answer (checked against Triton 2.51).
             _shaped(prefix, tensor.name, model_name, tensor.data, (1, *item_shape), spec)
         arrays[tensor.name] = _shaped(prefix, tensor.name, model_name, tensor.data, shape, spec)
-    given = {tensor.name: arrays[tensor.name] for tensor in request.inputs}  # the request's order
-    return given, batch_size if batched else 1
+    if ordered is not request.inputs:  # back in the request's order
+        arrays = {tensor.name: arrays[tensor.name] for tensor in request.inputs}
+    return arrays, batch_size if batched else 1
 
 
 def _check_count(
@@ -154,6 +162,8 @@ def _check_count(
     """Triton's ValidateRequestInputs: between the required and the declared number of inputs,
     whatever their names."""
     count = len(request.inputs)
+    if count == len(inputs):  # every input given (names are checked next)
+        return
     required = sum(1 for spec in inputs.values() if not spec.optional)
     if required <= count <= len(inputs):
         return
