@@ -17,6 +17,7 @@ from oceanus import __version__
 from oceanus.core.rate_limiter import ResourceLimit, parse_mode, parse_resource
 from oceanus.core.response_cache import parse_cache_config
 from oceanus.frontends.busy_poll import DEFAULT_BUDGET_US
+from oceanus.frontends.grpc import keepalive
 from oceanus.logs import LogSettings
 from oceanus.settings import Settings
 from oceanus.trace_flags import trace_config_from_flags
@@ -284,22 +285,40 @@ def _grpc_options(parser: argparse.ArgumentParser) -> None:
     """Triton's gRPC frontend flags (times in milliseconds)."""
     add = parser.add_argument
     _flag(parser, "--reuse-grpc-port", False, "let several servers listen on the gRPC port")
-    add("--grpc-keepalive-time", type=parse_nonnegative, default=7_200_000, metavar="MS")
-    add("--grpc-keepalive-timeout", type=parse_nonnegative, default=20_000, metavar="MS")
+    add(
+        "--grpc-keepalive-time",
+        type=parse_nonnegative,
+        default=keepalive.KEEPALIVE_TIME_MS,
+        metavar="MS",
+    )
+    add(
+        "--grpc-keepalive-timeout",
+        type=parse_nonnegative,
+        default=keepalive.KEEPALIVE_TIMEOUT_MS,
+        metavar="MS",
+    )
     _flag(
         parser,
         "--grpc-keepalive-permit-without-calls",
         False,
         "allow keepalive pings without calls in flight",
     )
-    add("--grpc-http2-max-pings-without-data", type=parse_nonnegative, default=2)
+    add(
+        "--grpc-http2-max-pings-without-data",
+        type=parse_nonnegative,
+        default=keepalive.HTTP2_MAX_PINGS_WITHOUT_DATA,
+    )
     add(
         "--grpc-http2-min-recv-ping-interval-without-data",
         type=parse_nonnegative,
-        default=300_000,
+        default=keepalive.HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
         metavar="MS",
     )
-    add("--grpc-http2-max-ping-strikes", type=parse_nonnegative, default=2)
+    add(
+        "--grpc-http2-max-ping-strikes",
+        type=parse_nonnegative,
+        default=keepalive.HTTP2_MAX_PING_STRIKES,
+    )
     add("--grpc-max-connection-age", type=parse_nonnegative, default=None, metavar="MS")
     add("--grpc-max-connection-age-grace", type=parse_nonnegative, default=None, metavar="MS")
     add(

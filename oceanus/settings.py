@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from oceanus.core.rate_limiter import ResourceLimit
 from oceanus.core.tracing import TraceConfig
 from oceanus.frontends.busy_poll import DEFAULT_BUDGET_US
+from oceanus.frontends.grpc import keepalive
 from oceanus.logs import LogSettings
 
 
@@ -60,12 +61,14 @@ class Settings:
     trace: TraceConfig = field(default_factory=TraceConfig)
     # gRPC frontend (Triton's --grpc-* flags; times in milliseconds)
     reuse_grpc_port: bool = False
-    grpc_keepalive_time: int = 7_200_000
-    grpc_keepalive_timeout: int = 20_000
+    grpc_keepalive_time: int = keepalive.KEEPALIVE_TIME_MS
+    grpc_keepalive_timeout: int = keepalive.KEEPALIVE_TIMEOUT_MS
     grpc_keepalive_permit_without_calls: bool = False
-    grpc_http2_max_pings_without_data: int = 2
-    grpc_http2_min_recv_ping_interval_without_data: int = 300_000
-    grpc_http2_max_ping_strikes: int = 2
+    grpc_http2_max_pings_without_data: int = keepalive.HTTP2_MAX_PINGS_WITHOUT_DATA
+    grpc_http2_min_recv_ping_interval_without_data: int = (
+        keepalive.HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS
+    )
+    grpc_http2_max_ping_strikes: int = keepalive.HTTP2_MAX_PING_STRIKES
     grpc_max_connection_age: int | None = None
     grpc_max_connection_age_grace: int | None = None
     # restricted category -> (header name, value), from --http-restricted-api

@@ -10,7 +10,7 @@ from typing import Protocol
 
 import grpc
 
-from oceanus.frontends.grpc import health
+from oceanus.frontends.grpc import health, keepalive
 from oceanus.frontends.grpc.methods import SERVICE_NAME
 
 log = logging.getLogger("oceanus.grpc")
@@ -26,12 +26,14 @@ class GrpcOptions:
     address: str = "0.0.0.0"
     port: int = 8001
     reuse_port: bool = False
-    keepalive_time_ms: int = 7_200_000
-    keepalive_timeout_ms: int = 20_000
+    keepalive_time_ms: int = keepalive.KEEPALIVE_TIME_MS
+    keepalive_timeout_ms: int = keepalive.KEEPALIVE_TIMEOUT_MS
     keepalive_permit_without_calls: bool = False
-    http2_max_pings_without_data: int = 2
-    http2_min_recv_ping_interval_without_data_ms: int = 300_000
-    http2_max_ping_strikes: int = 2
+    http2_max_pings_without_data: int = keepalive.HTTP2_MAX_PINGS_WITHOUT_DATA
+    http2_min_recv_ping_interval_without_data_ms: int = (
+        keepalive.HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS
+    )
+    http2_max_ping_strikes: int = keepalive.HTTP2_MAX_PING_STRIKES
     max_connection_age_ms: int | None = None
     max_connection_age_grace_ms: int | None = None
     # category -> (metadata key, value), see frontends/restricted.py
