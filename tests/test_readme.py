@@ -6,7 +6,7 @@ against real servers; ```pbtxt blocks are parsed with Triton's ModelConfig schem
 blocks are only read. A bash or python block is skipped only where the line above it says
 `<!-- readme-test: skip: <why> -->` (today: installing the bench extra and running the
 benchmarks for minutes; `oceanus tune` for 3 minutes, which tests/tune runs end to end; running
-the test suite, which this test is part of).
+the test suite, which this test is part of, and the checks of this checkout that it runs).
 
 What a test machine cannot do as a newcomer's does is substituted, the same way for every block:
 - `pip ...` is not run: the test runs in the environment scripts/test.sh installed. Instead
