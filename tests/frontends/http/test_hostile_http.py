@@ -117,52 +117,21 @@ def test_nan_literals_are_a_400(server: Any) -> None:
     assert "failed to parse the request JSON buffer" in body_of(answer)["error"]
 
 
+def _one_binary_string(server: Any, binary_data_size: int, data: bytes) -> bytes:
+    """identity_bytes with one BYTES element whose header claims `binary_data_size` bytes."""
+    parameters = {"binary_data_size": binary_data_size}
+    tensor = {"name": "INPUT0", "datatype": "BYTES", "shape": [1, 1], "parameters": parameters}
+    header = json.dumps({"inputs": [tensor]}).encode()
+    lengths = {"Inference-Header-Content-Length": str(len(header))}
+    return raw(server.http_port, post("/v2/models/identity_bytes/infer", header + data, lengths))
+
+
 def test_binary_headers_that_lie_about_lengths_are_400s(server: Any) -> None:
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "INPUT0",
-                    "datatype": "BYTES",
-                    "shape": [1, 1],
-                    "parameters": {"binary_data_size": 1000},
-                }
-            ]
-        }
-    ).encode()
-    body = header + struct.pack("<I", 3) + b"abc"
-    answer = raw(
-        server.http_port,
-        post(
-            "/v2/models/identity_bytes/infer",
-            body,
-            {"Inference-Header-Content-Length": str(len(header))},
-        ),
-    )
+    answer = _one_binary_string(server, 1000, struct.pack("<I", 3) + b"abc")
     assert status_of(answer) == 400
     assert "expecting" in body_of(answer)["error"]
     # A BYTES element whose length runs past the end of its tensor.
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "INPUT0",
-                    "datatype": "BYTES",
-                    "shape": [1, 1],
-                    "parameters": {"binary_data_size": 8},
-                }
-            ]
-        }
-    ).encode()
-    body = header + struct.pack("<I", 100) + b"abcd"
-    answer = raw(
-        server.http_port,
-        post(
-            "/v2/models/identity_bytes/infer",
-            body,
-            {"Inference-Header-Content-Length": str(len(header))},
-        ),
-    )
+    answer = _one_binary_string(server, 8, struct.pack("<I", 100) + b"abcd")
     assert status_of(answer) == 400
     assert "incomplete string data" in body_of(answer)["error"]
 
