@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import benchlib
 import perf
 
-from oceanus.core.statistics import ModelStatistics
+from oceanus.core.observability.statistics import ModelStatistics
 
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
 JSON = [(b"content-type", b"application/json")]

@@ -162,7 +162,7 @@ class OpenVinoRunner(Runner):
 
 
 def _read_config(model: benchlib.ModelInfo) -> Any:
-    from oceanus.core import model_config
+    from oceanus.core.repository import model_config
 
     assert model.config_path is not None
     return model_config.read_config_file(model.config_path)
@@ -196,7 +196,7 @@ def openvino_compiled(model: benchlib.ModelInfo, options: str) -> tuple[Any, dic
 
 
 def server_threads(model: benchlib.ModelInfo) -> int:
-    """Each instance's share of the cores, as oceanus/core/repository.py computes it."""
+    """Each instance's share of the cores, as oceanus/core/repository/loader.py computes it."""
     return max(1, (os.cpu_count() or 1) // max(1, model.instance_count))
 
 

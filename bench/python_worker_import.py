@@ -1,6 +1,6 @@
 """How long a Python-backend stub takes to import its module, in fresh interpreters.
 
-A stub process imports `oceanus.backends.python.worker` (and nothing of the server: no
+A stub process imports `oceanus.backends.python.pb_stub` (and nothing of the server: no
 tritonclient, no core beyond datatypes) before it can import model.py. This times that import
 in new interpreters, alternating between checkouts so that the machine's noise hits them alike:
 
@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import benchlib
 
-MODULE = "oceanus.backends.python.worker"
+MODULE = "oceanus.backends.python.pb_stub"
 SERVER_SIDE = ("tritonclient", "grpc", "google.protobuf", "oceanus.core.server")
 
 

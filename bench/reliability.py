@@ -294,7 +294,7 @@ async def phase_fault(server: benchlib.Server, seconds: float) -> dict[str, Any]
     stubs = [
         pid
         for pid in server_pids(server.proc.pid)
-        if b"oceanus.backends.python.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"oceanus.backends.python.pb_stub" in Path(f"/proc/{pid}/cmdline").read_bytes()
     ]
     killed_at = time.monotonic()
     for pid in stubs:

@@ -17,7 +17,7 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core.model import ModelState, ModelVersion
-from oceanus.core.statistics import ModelStatistics
+from oceanus.core.observability.statistics import ModelStatistics
 from oceanus.frontends.metrics.status import RECENT_WINDOW_S, models
 
 RESULTS = Path(__file__).resolve().parent / "results"

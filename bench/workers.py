@@ -4,7 +4,7 @@ On a 2-core machine that also runs the load generator, throughput alone cannot s
 work spreads, so each run also measures cost: the CPU time (user + system, /proc/<pid>/stat) of
 every server process over a fixed perf_analyzer run, divided by the requests the server counted
 (/v2/models/<m>/stats). Roles: the core process (the one started), the frontend workers (its
-`oceanus.worker` children). From the costs, a projection for a 16-core machine: the core bounds
+`oceanus.frontend_worker` children). From the costs, a projection for a 16-core machine: the core bounds
 throughput at 1e6 / core-µs, 15 cores of frontends at 15e6 / frontend-µs.
 
 Servers with each `--frontend-workers` value are all up at once and measured in turn, each
@@ -46,7 +46,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def worker_pids(core_pid: int) -> list[int]:
-    """The core's frontend worker children (python -m oceanus.worker)."""
+    """The core's frontend worker children (python -m oceanus.frontend_worker)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -57,7 +57,7 @@ def worker_pids(core_pid: int) -> list[int]:
         except OSError:
             continue
         parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == core_pid and b"oceanus.worker" in command:
+        if parent == core_pid and b"oceanus.frontend_worker" in command:
             found.append(int(entry.name))
     return sorted(found)
 

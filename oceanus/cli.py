@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from oceanus import __version__
-from oceanus.core.rate_limiter import ResourceLimit, parse_mode, parse_resource
+from oceanus.core.scheduling.rate_limiter import ResourceLimit, parse_mode, parse_resource
 from oceanus.core.response_cache import parse_cache_config
-from oceanus.frontends.busy_poll import DEFAULT_BUDGET_US
+from oceanus.frontends.http.busy_poll import DEFAULT_BUDGET_US
 from oceanus.frontends.grpc import keepalive
 from oceanus.logs import LogSettings
 from oceanus.settings import Settings
@@ -493,7 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return tune(args[1:])
     settings, ignored = parse_args(args)
-    from oceanus.server import run
+    from oceanus.main import run
 
     return run(settings, ignored)
 

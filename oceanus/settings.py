@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from oceanus.core.rate_limiter import ResourceLimit
-from oceanus.core.tracing import TraceConfig
-from oceanus.frontends.busy_poll import DEFAULT_BUDGET_US
+from oceanus.core.scheduling.rate_limiter import ResourceLimit
+from oceanus.core.observability.tracing import TraceConfig
+from oceanus.frontends.http.busy_poll import DEFAULT_BUDGET_US
 from oceanus.frontends.grpc import keepalive
 from oceanus.logs import LogSettings
 

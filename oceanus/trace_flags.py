@@ -12,7 +12,7 @@ import logging
 import os
 from collections.abc import Sequence
 
-from oceanus.core.tracing import (
+from oceanus.core.observability.tracing import (
     LEVEL_OFF,
     LEVEL_TENSORS,
     LEVEL_TIMESTAMPS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from oceanus.cli import parse_args
-from oceanus.core.tracing import LEVEL_OFF, LEVEL_TENSORS, LEVEL_TIMESTAMPS
+from oceanus.core.observability.tracing import LEVEL_OFF, LEVEL_TENSORS, LEVEL_TIMESTAMPS
 
 
 def test_trace_config_settings() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core.errors import invalid_arg
-from oceanus.core.load_hints import shape_hint
+from oceanus.core.repository.load_hints import shape_hint
 
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}

@@ -21,7 +21,7 @@ from oceanus.backends._common import check_dims, parameter
 from oceanus.core import datatypes
 from oceanus.core.backend import Backend, BatchInstance, InstanceSpec, LoadContext, model_file
 from oceanus.core.errors import invalid_arg
-from oceanus.core.model_config import sequence_control_types, sequence_state_outputs
+from oceanus.core.repository.model_config import sequence_control_types, sequence_state_outputs
 
 log = logging.getLogger("oceanus.backends.onnxruntime")
 

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.core.custom_metrics import CustomMetricRegistry
+from oceanus.core.observability.custom_metrics import CustomMetricRegistry
 from oceanus.core.errors import InferenceServerError, unavailable
 from oceanus.core.types import InferRequest, InferResponse
 
@@ -161,7 +161,7 @@ class BatchInstance(BackendInstance):
     """An instance that executes one assembled batch at a time."""
 
     # Whether a batch that takes under ~100 µs may run on the event loop instead of the
-    # instance's thread (core/instance.py): true for CPU runtimes that keep no per-thread state.
+    # instance's thread (core/scheduling/instance.py): true for CPU runtimes that keep no per-thread state.
     # The core never runs GPU instances there (a CUDA context is bound to its thread).
     loop_safe: ClassVar[bool] = True
 

@@ -2,7 +2,7 @@
 auto-complete which backend a bare model folder needs.
 
 The core holds a registry it is given; it never imports a backend. The server assembly
-(`oceanus/server.py`) registers the built-in ones (`oceanus.backends.builtin`) and then
+(`oceanus/main.py`) registers the built-in ones (`oceanus.backends.builtin`) and then
 every backend other installed packages declare under the `oceanus.backends` entry point group
 (docs/backends.md, "Adding a backend").
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from oceanus.core.backend import Backend
 from oceanus.core.errors import InferenceServerError, invalid_arg
-from oceanus.core.load_hints import unknown_backend_hint
+from oceanus.core.repository.load_hints import unknown_backend_hint
 
 log = logging.getLogger("oceanus.core.backends")
 

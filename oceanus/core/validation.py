@@ -16,7 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from oceanus.core import datatypes
 from oceanus.core.datatypes import DataType
 from oceanus.core.errors import InferenceServerError, invalid_arg
-from oceanus.core.triton_order import unordered_map_order
+from oceanus.core.validation_order import unordered_map_order
 from oceanus.core.types import InferRequest, Tensor
 
 

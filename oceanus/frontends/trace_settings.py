@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from oceanus.core.tracing import (
+from oceanus.core.observability.tracing import (
     INT32_MAX,
     LEVEL_OFF,
     LEVEL_TENSORS,

@@ -14,7 +14,7 @@ from typing import NoReturn
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.core.model_config import parse_config_text
+from oceanus.core.repository.model_config import parse_config_text
 from oceanus.tune import loadgen, output
 from oceanus.tune import perf_analyzer as pa
 from oceanus.tune.measure import Meter

@@ -470,7 +470,7 @@ def test_each_instance_thread_keeps_its_own_thread_count(repository: Path) -> No
     import threading
 
     from oceanus.backends import builtin
-    from oceanus.core import model_config
+    from oceanus.core.repository import model_config
     from oceanus.core.backend import BatchInstance, InstanceSpec, LoadContext, ModelFiles
 
     folder = repository / "simple_pytorch"

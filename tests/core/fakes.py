@@ -252,7 +252,7 @@ class FakeBatchInstance(BatchInstance):
 
 
 class CheapBatchInstance(FakeBatchInstance):
-    """A fake cheap enough for the event loop (core/instance.py's inline path)."""
+    """A fake cheap enough for the event loop (core/scheduling/instance.py's inline path)."""
 
     loop_safe: ClassVar[bool] = True
 

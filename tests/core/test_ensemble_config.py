@@ -6,7 +6,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.core import ensemble
+from oceanus.core.ensemble import steps as ensemble
 from oceanus.core.errors import InferenceServerError
 
 HEADER = """

@@ -1,4 +1,4 @@
-"""Instance groups and where batches execute (core/instance.py, core/repository.py), in process:
+"""Instance groups and where batches execute (core/scheduling/instance.py, core/repository/loader.py), in process:
 requests spread over a model's instances, Triton's instance names, one failing instance, and
 cheap models' batches moving onto the event loop (docs/architecture.md, "Cheap models execute
 on the loop")."""
@@ -158,7 +158,7 @@ def test_cheap_batches_move_onto_the_loop_other_backends_never_do(
         assert len(on_loop) == cheap.count(LOOP_THREAD)
         assert all("for 'cheap'" in line for line in on_loop)
 
-    caplog.set_level(logging.DEBUG, logger="oceanus.core.scheduler")
+    caplog.set_level(logging.DEBUG, logger="oceanus.core.scheduling.dynamic_batch")
     world.run(scenario)
 
 
@@ -185,5 +185,5 @@ def test_lone_requests_of_unbatched_cheap_models_execute_in_place(
         assert len(in_place) == len(on_loop)
         assert all("for 'plain'" in line for line in in_place)
 
-    caplog.set_level(logging.DEBUG, logger="oceanus.core.scheduler")
+    caplog.set_level(logging.DEBUG, logger="oceanus.core.scheduling.dynamic_batch")
     world.run(scenario)

@@ -1,4 +1,4 @@
-"""Model control (core/model_manager.py), in process over fake-backend models: explicit load and
+"""Model control (core/repository/manager.py), in process over fake-backend models: explicit load and
 unload, loads with a config override and files, reloads that fail no request, unloads that wait
 for the requests in flight, and poll mode following the repository. The repository API on the
 wire is tests/core/test_model_management.py (HTTP) and tests/frontends/grpc/

@@ -1,4 +1,4 @@
-"""--model-namespacing (core/repository.py): the same model name in two repositories loads
+"""--model-namespacing (core/repository/loader.py): the same model name in two repositories loads
 twice, the index lists both, a request naming it is refused with Triton's text, and each
 repository's ensemble uses its own repository's model (as Triton 2.51 does:
 docs/triton-reference-behaviour.md). Without the flag the duplicate name fails the start."""

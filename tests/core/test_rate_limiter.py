@@ -1,4 +1,4 @@
-"""The rate limiter (core/rate_limiter.py): Triton's resource accounting, errors and priority
+"""The rate limiter (core/scheduling/rate_limiter.py): Triton's resource accounting, errors and priority
 order as rules, then two sleeping Python instances that need one R1 each, in the core: with
 --rate-limit=execution_count and one R1 they run one after the other (the wait counted as
 queue time), with it off they run together (as Triton 2.51 does: docs/rate-limiter.md)."""
@@ -16,7 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from oceanus.backends import builtin
 from oceanus.cli import parse_args
 from oceanus.core.errors import InferenceServerError
-from oceanus.core.rate_limiter import (
+from oceanus.core.scheduling.rate_limiter import (
     PER_DEVICE,
     RateLimiter,
     ResourceLimit,

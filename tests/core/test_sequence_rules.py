@@ -1,4 +1,4 @@
-"""The sequence batcher's rules (core/sequence.py, docs/sequence-batching.md), in process: slots
+"""The sequence batcher's rules (core/scheduling/sequence.py, docs/sequence-batching.md), in process: slots
 and the backlog, control tensors, idle timeouts on a manual clock, Triton's texts for the
 common mistakes. What reaches a real model over HTTP and gRPC, and a Python model's own state,
 stay in tests/core/test_sequence_batching.py."""
@@ -271,7 +271,7 @@ def test_idle_sequences_are_released_and_give_their_slot_away(
             caplog.messages
         )
 
-    caplog.set_level(logging.INFO, logger="oceanus.core.sequence")
+    caplog.set_level(logging.INFO, logger="oceanus.core.scheduling.sequence")
     world.run(scenario)
 
 

@@ -1,4 +1,4 @@
-"""Statistics arithmetic (core/statistics.py, the one source for /v2/models/stats and the
+"""Statistics arithmetic (core/observability/statistics.py, the one source for /v2/models/stats and the
 Prometheus metrics): what each request and execution adds, measured on a manual clock so every
 duration is exact."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from oceanus.core.errors import InferenceServerError
 from oceanus.core.server import ServerCore
-from oceanus.core.statistics import ModelStatistics
+from oceanus.core.observability.statistics import ModelStatistics
 from tests.core.fakes import IO_FP32, World, outcome, rows
 
 MS = 1_000_000

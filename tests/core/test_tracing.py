@@ -18,7 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from oceanus.core.tracing import (
+from oceanus.core.observability.tracing import (
     LEVEL_TIMESTAMPS,
     MODE_TRITON,
     SettingUpdate,

@@ -1,12 +1,12 @@
 """Triton lists and checks a request's inputs in libstdc++'s unordered_map order
-(oceanus/core/triton_order.py); the expected orders were printed by Triton 2.51 itself and, for
+(oceanus/core/validation_order.py); the expected orders were printed by Triton 2.51 itself and, for
 the larger maps, by a std::unordered_map<std::string, int> built with g++ 12."""
 
 from __future__ import annotations
 
 import pytest
 
-from oceanus.core.triton_order import string_hash, unordered_map_order
+from oceanus.core.validation_order import string_hash, unordered_map_order
 
 INPUT_40 = (
     "input_39 input_38 input_37 input_33 input_31 input_30 input_12 input_35 input_28 input_11 "

@@ -116,7 +116,7 @@ def test_shapes_and_batch_sizes(checked: World) -> None:
         ],
     ) == [
         f"{prefix}inference request batch-size must be <= 4 for 'm'",
-        # the first input in Triton's hash map order (core/triton_order.py) whose rows differ
+        # the first input in Triton's hash map order (core/validation_order.py) whose rows differ
         # from the first one's: for A and B that order is B, A
         f"{prefix}input 'A' batch size does not match other inputs for 'm'",
         f"{prefix}unexpected shape for input 'A' for model 'm'. Expected [-1,3], got [1,4]. "

@@ -1,4 +1,4 @@
-"""Model warmup (core/warmup.py, `model_warmup` in config.pbtxt), in process over fake-backend
+"""Model warmup (core/repository/warmup.py, `model_warmup` in config.pbtxt), in process over fake-backend
 models: samples run on every instance before the model is ready, with the data the config asks
 for, uncounted; a failing or malformed sample fails the load with Triton's text. A Python model
 warmed up with strings and a decoupled one stay on a real server: tests/core/test_warmup.py."""
@@ -65,7 +65,7 @@ def test_samples_run_on_every_instance_with_their_data_uncounted(
         max_batch_size=8,
     )
     model = world.model("warm")
-    caplog.set_level(logging.INFO, logger="oceanus.core.warmup")
+    caplog.set_level(logging.INFO, logger="oceanus.core.repository.warmup")
 
     async def scenario(core: ServerCore) -> None:
         # 2 instances x (zeros once + random twice), before the model was ready

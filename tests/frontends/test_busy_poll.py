@@ -1,4 +1,4 @@
-"""Busy polling after a response (oceanus/frontends/busy_poll.py), on a real uvloop loop and
+"""Busy polling after a response (oceanus/frontends/http/busy_poll.py), on a real uvloop loop and
 through the real HTTP protocol on a loopback socket."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import uvloop
 
-from oceanus.core.instance import ThreadBatches
+from oceanus.core.scheduling.instance import ThreadBatches
 from oceanus.cpus import usable_cpus
-from oceanus.frontends.busy_poll import BusyPoll
+from oceanus.frontends.http.busy_poll import BusyPoll
 from oceanus.frontends.http.protocol import HttpRequest, HttpResponse, HttpServer
 
 

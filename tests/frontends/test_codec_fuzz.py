@@ -18,7 +18,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from oceanus.core.datatypes import BY_NAME
 from oceanus.core.errors import InferenceServerError
-from oceanus.core.model_config import parse_config_text
+from oceanus.core.repository.model_config import parse_config_text
 from oceanus.core.validation import TensorSpec, validate_request
 from oceanus.frontends.grpc import codec as grpc_codec
 from oceanus.frontends.http import codec as http_codec

@@ -146,7 +146,7 @@ def _worker_pids(core_pid: int) -> list[int]:
             command = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if parent == core_pid and b"oceanus.worker" in command:
+        if parent == core_pid and b"oceanus.frontend_worker" in command:
             pids.append(int(entry.name))
     return sorted(pids)
 

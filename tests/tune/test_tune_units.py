@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.core.model_config import parse_config_text
+from oceanus.core.repository.model_config import parse_config_text
 from oceanus.tune import frontier, plots
 from oceanus.tune.loadgen import build_request
 from oceanus.tune.measure import Measurement

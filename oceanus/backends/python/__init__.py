@@ -12,7 +12,7 @@ Both sides:
 - `messages.py`     the typed messages between server and stub
 - `transport.py`    their channel and rings (oceanus.ipc, bound to these messages)
 Stub side:
-- `worker.py`       the stub process (`python -m oceanus.backends.python.worker FD`)
+- `worker.py`       the stub process (`python -m oceanus.backends.python.pb_stub FD`)
 - `model_code.py`   import model.py, run its coroutines, check what it returns, format errors
 - `utils.py`, `pb/` the `triton_python_backend_utils` API model.py files import
 

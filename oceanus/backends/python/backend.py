@@ -16,10 +16,10 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.backends.python.instance import PythonInstance
-from oceanus.backends.python.stub import run_autocomplete
+from oceanus.backends.python.stub_launcher import run_autocomplete
 from oceanus.core.backend import Backend, LoadContext, RequestInstance
 from oceanus.core.errors import invalid_arg
-from oceanus.core.proto_json import message_to_dict
+from oceanus.proto_json import message_to_dict
 
 
 class PythonBackend(Backend):

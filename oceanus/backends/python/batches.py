@@ -20,7 +20,7 @@ import numpy as np
 
 from oceanus.backends.python import messages as msg
 from oceanus.backends.python import transport as tp
-from oceanus.backends.python.stub import Stub
+from oceanus.backends.python.stub_launcher import Stub
 from oceanus.core.backend import RequestJob, ResponseStream
 from oceanus.core.errors import ErrorCode, InferenceServerError, internal
 from oceanus.core.types import InferRequest

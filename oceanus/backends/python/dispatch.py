@@ -13,7 +13,7 @@ from typing import Any
 from oceanus.backends.python import messages as msg
 from oceanus.backends.python.batches import InFlight
 from oceanus.backends.python.server_calls import ServerCalls, on_metric
-from oceanus.backends.python.stub import Stub
+from oceanus.backends.python.stub_launcher import Stub
 
 model_log = logging.getLogger("oceanus.backends.python.model")
 _MODEL_LOG_LEVELS = {

@@ -39,12 +39,12 @@ from oceanus.backends.python.batches import (
 )
 from oceanus.backends.python.dispatch import Dispatcher
 from oceanus.backends.python.server_calls import ServerCalls
-from oceanus.backends.python.stub import IS_READY_CACHE_S, Stub, exit_text, spawn
+from oceanus.backends.python.stub_launcher import IS_READY_CACHE_S, Stub, exit_text, spawn
 from oceanus.core.backend import LoadContext, RequestInstance, RequestJob, RequestsResult
-from oceanus.core.custom_metrics import CustomMetricRegistry
+from oceanus.core.observability.custom_metrics import CustomMetricRegistry
 from oceanus.core.errors import InferenceServerError, internal, invalid_arg, unavailable
-from oceanus.core.model_config import sequence_control_types
-from oceanus.core.proto_json import message_to_dict
+from oceanus.core.repository.model_config import sequence_control_types
+from oceanus.proto_json import message_to_dict
 
 log = logging.getLogger("oceanus.backends.python")
 

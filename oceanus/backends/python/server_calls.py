@@ -15,9 +15,9 @@ from typing import Any
 
 from oceanus.backends.python import messages as msg
 from oceanus.backends.python import transport as tp
-from oceanus.backends.python.stub import Stub
+from oceanus.backends.python.stub_launcher import Stub
 from oceanus.core.backend import ServerHandle
-from oceanus.core.custom_metrics import MetricError, MetricOwner
+from oceanus.core.observability.custom_metrics import MetricError, MetricOwner
 from oceanus.core.errors import InferenceServerError, internal, unavailable
 from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 

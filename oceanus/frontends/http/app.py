@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from oceanus.core.errors import InferenceServerError, internal, invalid_arg, unsupported
-from oceanus.core.proto_json import message_to_dict
-from oceanus.core.repository import is_number
+from oceanus.proto_json import message_to_dict
+from oceanus.core.repository.loader import is_number
 from oceanus.core.server import DECOUPLED_UNSUPPORTED, ServerCore
-from oceanus.core.tracing import Trace, TraceSettingError
+from oceanus.core.observability.tracing import Trace, TraceSettingError
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.decoding import DECODE_ON_THREAD_BYTES
 from oceanus.frontends.header_forward import HeaderForward

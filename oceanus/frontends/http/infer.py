@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from oceanus.core.errors import InferenceServerError, invalid_arg
-from oceanus.core.repository import is_number
+from oceanus.core.repository.loader import is_number
 from oceanus.core.shared_memory import SharedMemoryManager
 from oceanus.core.types import InferRequest
 from oceanus.frontends.http import codec

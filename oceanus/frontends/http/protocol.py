@@ -23,7 +23,7 @@ from typing import Any
 import httptools
 
 from oceanus.cpus import usable_cpus
-from oceanus.frontends.busy_poll import BusyPoll
+from oceanus.frontends.http.busy_poll import BusyPoll
 
 log = logging.getLogger("oceanus.http")
 

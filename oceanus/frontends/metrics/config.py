@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from oceanus.core.latency import DEFAULT_QUANTILES, LatencyOptions
+from oceanus.core.observability.latency import DEFAULT_QUANTILES, LatencyOptions
 
 log = logging.getLogger("oceanus.metrics")
 

@@ -17,10 +17,10 @@ from typing import Any
 import uvicorn
 from prometheus_client.registry import CollectorRegistry
 
-from oceanus.core import statistics
-from oceanus.core.latency import LatencyRecorder
+from oceanus.core.observability import statistics
+from oceanus.core.observability.latency import LatencyRecorder
 from oceanus.core.server import ServerCore
-from oceanus.core.system_metrics import SystemMetrics
+from oceanus.frontends.metrics.system import SystemMetrics
 from oceanus.frontends.metrics.collector import TritonCollector
 from oceanus.frontends.metrics.config import MetricsConfig
 from oceanus.frontends.metrics.exposition import CONTENT_TYPE, render

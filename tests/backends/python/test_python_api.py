@@ -19,7 +19,7 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from oceanus.core.custom_metrics import CustomMetricRegistry, MetricError
+from oceanus.core.observability.custom_metrics import CustomMetricRegistry, MetricError
 from oceanus.frontends.metrics import TritonCollector
 from oceanus.frontends.metrics.exposition import render
 from tests.backends.python.conftest import copy_models

@@ -13,7 +13,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core.model import ModelState, ModelVersion
-from oceanus.core.statistics import ModelStatistics
+from oceanus.core.observability.statistics import ModelStatistics
 from oceanus.frontends.metrics.page import ASSETS, load_assets
 from oceanus.frontends.metrics.process import (
     ProcessSampler,

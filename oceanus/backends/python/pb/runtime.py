@@ -50,14 +50,14 @@ class Runtime:
 
     def _metric_owner(self) -> Any:
         if self._metrics is None:
-            from oceanus.core.custom_metrics import CustomMetricRegistry
+            from oceanus.core.observability.custom_metrics import CustomMetricRegistry
 
             self._metrics = CustomMetricRegistry().owner()
         return self._metrics
 
     def metric_call(self, operation: str, *args: Any) -> Any:
         """family_new / metric_new / metric_value: answered; raises TritonModelException."""
-        from oceanus.core.custom_metrics import MetricError
+        from oceanus.core.observability.custom_metrics import MetricError
 
         owner = self._metric_owner()
         try:

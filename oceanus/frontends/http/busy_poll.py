@@ -25,7 +25,7 @@ import asyncio
 import os
 import time
 
-from oceanus.core.instance import ThreadBatches
+from oceanus.core.scheduling.instance import ThreadBatches
 
 DEFAULT_BUDGET_US = 200
 

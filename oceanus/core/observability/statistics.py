@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from oceanus.core.latency import LatencyOptions, LatencyRecorder, WindowedQuantiles
+from oceanus.core.observability.latency import LatencyOptions, LatencyRecorder, WindowedQuantiles
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core.errors import InferenceServerError, invalid_arg, unsupported
-from oceanus.core.implicit_state import validate_states
+from oceanus.core.scheduling.implicit_state import validate_states
 
 ModelConfig = mc.ModelConfig
 

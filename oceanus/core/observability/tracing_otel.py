@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from oceanus.core.tracing import Trace
+from oceanus.core.observability.tracing import Trace
 
 DEFAULT_URL = "http://localhost:4318/v1/traces"
 SERVICE_NAME = "triton-inference-server"

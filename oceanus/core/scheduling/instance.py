@@ -78,7 +78,7 @@ BatchDone = Callable[["InstanceWorker", list[Job], BatchResult], None]
 
 class ThreadBatches:
     """How many batches execute on instance threads right now, process-wide. Changed on the
-    event loop only; busy polling (frontends/busy_poll.py) reads it so as not to take a CPU
+    event loop only; busy polling (frontends/http/busy_poll.py) reads it so as not to take a CPU
     from a computing model."""
 
     executing = 0

@@ -20,10 +20,10 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core.clock import MONOTONIC, Clock
-from oceanus.core.ensemble_stream import check_decoupled_steps, stream_ensemble
+from oceanus.core.ensemble.stream import check_decoupled_steps, stream_ensemble
 from oceanus.core.errors import InferenceServerError, internal, invalid_arg, unavailable
 from oceanus.core.model import ModelState, ModelVersion, _failure_reason
-from oceanus.core.tracing import ModelActivity
+from oceanus.core.observability.tracing import ModelActivity
 from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from oceanus.core.validation import validate_request
 
@@ -359,7 +359,7 @@ class EnsembleVersion(ModelVersion):
     ) -> AsyncIterator[InferResponse]:
         """A decoupled ensemble (one of its steps is decoupled): the steps before the decoupled
         one run once, then each of its responses is an ensemble response
-        (core/ensemble_stream.py)."""
+        (core/ensemble/stream.py)."""
         given, rows = self._validate(request)
         asked = bool(request.parameters.get("triton_enable_empty_final_response"))
         return stream_ensemble(

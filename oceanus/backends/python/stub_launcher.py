@@ -1,6 +1,6 @@
 """A Python model's stub process (Triton's word for it): starting one, and what belongs to it.
 
-`spawn` starts `python -m oceanus.backends.python.worker`, creates the two shared-memory rings,
+`spawn` starts `python -m oceanus.backends.python.pb_stub`, creates the two shared-memory rings,
 sends Init and waits for Ready (initialize() returned), serving the log lines, metric and
 model-control calls the model makes from initialize() meanwhile. `run_autocomplete` starts a
 short-lived one that only calls the model's auto_complete_config.
@@ -22,7 +22,7 @@ from typing import Any
 
 from oceanus.backends.python import messages as msg
 from oceanus.backends.python import transport as tp
-from oceanus.core.custom_metrics import MetricOwner
+from oceanus.core.observability.custom_metrics import MetricOwner
 from oceanus.core.errors import internal
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
@@ -153,7 +153,7 @@ def run_autocomplete(model_path: Path, config_json: str) -> str:
 
 
 def worker_command(fd: int) -> list[str]:
-    return [sys.executable, "-m", "oceanus.backends.python.worker", str(fd)]
+    return [sys.executable, "-m", "oceanus.backends.python.pb_stub", str(fd)]
 
 
 def worker_env() -> dict[str, str]:

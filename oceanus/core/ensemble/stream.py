@@ -3,7 +3,7 @@
 Triton lets an ensemble contain decoupled models and then serves the ensemble as decoupled
 (its config says `model_transaction_policy { decoupled: true }`; HTTP infer and ModelInfer
 refuse it, gRPC streams and `generate_stream` serve it). Oceanus supports the shape users
-build: one decoupled step whose outputs are the ensemble's outputs (core/ensemble.py
+build: one decoupled step whose outputs are the ensemble's outputs (core/ensemble/steps.py
 `check_decoupled_steps`). The other steps run once, as for any ensemble; then the decoupled
 step's request is streamed and each of its responses, its outputs renamed to the ensemble's
 tensors, is one ensemble response; its final flag ends the ensemble's stream. See
@@ -24,7 +24,7 @@ from oceanus.core.model import _failure_reason
 from oceanus.core.types import InferRequest, InferResponse
 
 if TYPE_CHECKING:
-    from oceanus.core.ensemble import EnsembleVersion
+    from oceanus.core.ensemble.steps import EnsembleVersion
 
 FINAL = "triton_final_response"
 

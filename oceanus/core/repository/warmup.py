@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.core import datatypes, repository
+from oceanus.core import datatypes
+from oceanus.core.repository import loader as repository
 from oceanus.core.backend import (
     Backend,
     BackendInstance,
@@ -40,7 +41,7 @@ from oceanus.core.backend import (
     ServerHandle,
 )
 from oceanus.core.errors import InferenceServerError, invalid_arg
-from oceanus.core.model_config import sequence_control_types
+from oceanus.core.repository.model_config import sequence_control_types
 from oceanus.core.tensor_bytes import bytes_elements
 from oceanus.core.types import InferRequest, Tensor
 from oceanus.core.validation import TensorSpec, validate_request

@@ -1,7 +1,7 @@
 """A frontend worker process (`--frontend-workers`): HTTP and gRPC on the server's ports, shared
 with the other workers (SO_REUSEPORT), the core in the process that started it.
 
-Started as `python -m oceanus.worker <fd> <index>` by frontends/workers/supervisor.py, with one
+Started as `python -m oceanus.frontend_worker <fd> <index>` by frontends/workers/supervisor.py, with one
 end of a socketpair as `fd`: the core process sends the server's settings first, then state
 updates; the worker serves until the core asks it to drain (or SIGTERM / SIGINT come to it
 directly), or exits at once if the core process disappears: a worker never serves without a core.
@@ -26,7 +26,7 @@ from oceanus.frontends.workers.channel import Channel
 from oceanus.frontends.workers.client import CoreClient
 from oceanus.frontends.workers.handlers import WorkerGrpc, WorkerHttp
 from oceanus.logs import LogSettings, configure
-from oceanus.server import grpc_options, install_uvloop
+from oceanus.main import grpc_options, install_uvloop
 from oceanus.settings import Settings
 
 log = logging.getLogger("oceanus.workers")

@@ -15,7 +15,7 @@ Semantics (server docs/user_guide/architecture.md, "Stateful Models"; docs/seque
 Differences from Triton: empty slots are not padded into the batch (Triton's direct strategy runs
 a batch as large as the highest occupied slot, READY = 0 for the empty ones): a batch holds only
 ready requests, so a request's row is not its slot number. The `oldest` strategy and implicit
-state are refused at load (core/model_config.py).
+state are refused at load (core/repository/model_config.py).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core.clock import MONOTONIC, Clock, Timer
 from oceanus.core.errors import ErrorCode, InferenceServerError, invalid_arg, unavailable
-from oceanus.core.implicit_state import StateKeeper, States
-from oceanus.core.instance import BatchResult, InstanceWorker, Job
-from oceanus.core.scheduler import JobDone, Scheduler, _same_shapes
-from oceanus.core.statistics import ModelStatistics
+from oceanus.core.scheduling.implicit_state import StateKeeper, States
+from oceanus.core.scheduling.instance import BatchResult, InstanceWorker, Job
+from oceanus.core.scheduling.dynamic_batch import JobDone, Scheduler, _same_shapes
+from oceanus.core.observability.statistics import ModelStatistics
 
 log = logging.getLogger("oceanus.core.sequence")
 
@@ -56,7 +56,7 @@ class _Sequence:
     busy: bool = False  # one of its requests is executing
     ended: bool = False  # its END request is queued or executing
     last_ns: int = 0
-    states: States | None = None  # implicit state (core/implicit_state.py); None: initial
+    states: States | None = None  # implicit state (core/scheduling/implicit_state.py); None: initial
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from oceanus import startup
 from oceanus.backends import builtin
 from oceanus.core.model import ModelState
 from oceanus.core.server import CoreOptions, ServerCore
-from oceanus.core.tracing import MODE_OPENTELEMETRY, SpanExporter
+from oceanus.core.observability.tracing import MODE_OPENTELEMETRY, SpanExporter
 from oceanus.frontends.grpc.server import GrpcFrontend, GrpcOptions
 from oceanus.frontends.grpc.service import GrpcService
 from oceanus.frontends.http.app import HttpFrontend
@@ -65,7 +65,7 @@ def _span_exporter(settings: Settings) -> SpanExporter | None:
     """The OpenTelemetry exporter when --trace-config mode=opentelemetry asks for one."""
     if settings.trace.mode != MODE_OPENTELEMETRY:
         return None
-    from oceanus.core.tracing_otel import OtlpSpanExporter
+    from oceanus.core.observability.tracing_otel import OtlpSpanExporter
 
     return OtlpSpanExporter(settings.trace.mode_options)
 

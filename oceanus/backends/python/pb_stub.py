@@ -1,4 +1,4 @@
-"""The worker process of one Python model instance: `python -m oceanus.backends.python.worker FD`.
+"""The worker process of one Python model instance: `python -m oceanus.backends.python.pb_stub FD`.
 
 FD is this end of a socketpair to the server. The first message is INIT (load model.py, call
 `initialize`, answer READY) or AUTOCOMPLETE (call `auto_complete_config`, answer, exit).
