@@ -1,7 +1,8 @@
 """The core's own path, in process: ServerCore.infer on the example `simple` (no batching: a lone
 request executes in place) and `simple_dyna` (dynamic batching), no frontend, no sockets.
 
-What it is for: changes to the scheduler's hot path (core/scheduling/dynamic_batch.py, core/scheduling/instance.py,
+What it is for: changes to the scheduler's hot path (core/scheduling/dynamic_batch.py,
+core/scheduling/instance.py,
 core/clock.py) measured before and after, side by side. With `--trees A,B` each round runs this
 script once per tree (PYTHONPATH=<tree>), alternating, so machine noise hits both alike; the table
 gives medians and the ratio B/A.

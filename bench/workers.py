@@ -4,8 +4,8 @@ On a 2-core machine that also runs the load generator, throughput alone cannot s
 work spreads, so each run also measures cost: the CPU time (user + system, /proc/<pid>/stat) of
 every server process over a fixed perf_analyzer run, divided by the requests the server counted
 (/v2/models/<m>/stats). Roles: the core process (the one started), the frontend workers (its
-`oceanus.frontend_worker` children). From the costs, a projection for a 16-core machine: the core bounds
-throughput at 1e6 / core-µs, 15 cores of frontends at 15e6 / frontend-µs.
+`oceanus.frontend_worker` children). From the costs, a projection for a 16-core machine: the core
+bounds throughput at 1e6 / core-µs, 15 cores of frontends at 15e6 / frontend-µs.
 
 Servers with each `--frontend-workers` value are all up at once and measured in turn, each
 round, so the machine's noise hits them alike; medians over the rounds are printed and written to

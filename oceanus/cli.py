@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from oceanus import __version__
-from oceanus.core.scheduling.rate_limiter import ResourceLimit, parse_mode, parse_resource
 from oceanus.core.response_cache import parse_cache_config
-from oceanus.frontends.http.busy_poll import DEFAULT_BUDGET_US
+from oceanus.core.scheduling.rate_limiter import ResourceLimit, parse_mode, parse_resource
 from oceanus.frontends.grpc import keepalive
+from oceanus.frontends.http.busy_poll import DEFAULT_BUDGET_US
 from oceanus.logs import LogSettings
 from oceanus.settings import Settings
 from oceanus.trace_flags import trace_config_from_flags

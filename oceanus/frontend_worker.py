@@ -1,8 +1,8 @@
 """A frontend worker process (`--frontend-workers`): HTTP and gRPC on the server's ports, shared
 with the other workers (SO_REUSEPORT), the core in the process that started it.
 
-Started as `python -m oceanus.frontend_worker <fd> <index>` by frontends/workers/supervisor.py, with one
-end of a socketpair as `fd`: the core process sends the server's settings first, then state
+Started as `python -m oceanus.frontend_worker <fd> <index>` by frontends/workers/supervisor.py, with
+one end of a socketpair as `fd`: the core process sends the server's settings first, then state
 updates; the worker serves until the core asks it to drain (or SIGTERM / SIGINT come to it
 directly), or exits at once if the core process disappears: a worker never serves without a core.
 """

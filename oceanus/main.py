@@ -12,8 +12,8 @@ from typing import Any
 from oceanus import startup
 from oceanus.backends import builtin
 from oceanus.core.model import ModelState
-from oceanus.core.server import CoreOptions, ServerCore
 from oceanus.core.observability.tracing import MODE_OPENTELEMETRY, SpanExporter
+from oceanus.core.server import CoreOptions, ServerCore
 from oceanus.frontends.grpc.server import GrpcFrontend, GrpcOptions
 from oceanus.frontends.grpc.service import GrpcService
 from oceanus.frontends.http.app import HttpFrontend

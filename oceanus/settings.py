@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from oceanus.core.scheduling.rate_limiter import ResourceLimit
 from oceanus.core.observability.tracing import TraceConfig
-from oceanus.frontends.http.busy_poll import DEFAULT_BUDGET_US
+from oceanus.core.scheduling.rate_limiter import ResourceLimit
 from oceanus.frontends.grpc import keepalive
+from oceanus.frontends.http.busy_poll import DEFAULT_BUDGET_US
 from oceanus.logs import LogSettings
 
 

@@ -160,8 +160,8 @@ def test_log_verbose_shows_each_request_path_and_sigterm_stops_cleanly(
     assert "batch of 1 request(s), 1 row(s) formed for 'simple_dyna' on instance" in log
     assert "executed a batch of 1 for 'simple_dyna'" in log
     assert "HTTP infer responded" in log
-    # ONNX Runtime's tiny `simple` is cheap enough for the event loop (core/scheduling/instance.py; the
-    # rules themselves: tests/core/test_instances.py): after its first two batches on the
+    # ONNX Runtime's tiny `simple` is cheap enough for the event loop (core/scheduling/instance.py;
+    # the rules themselves: tests/core/test_instances.py): after its first two batches on the
     # instance thread, lone requests execute in place. Wall time decides, so only "some".
     for _ in range(30):
         client.infer("simple", inputs)

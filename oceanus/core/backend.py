@@ -24,8 +24,8 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.core.observability.custom_metrics import CustomMetricRegistry
 from oceanus.core.errors import InferenceServerError, unavailable
+from oceanus.core.observability.custom_metrics import CustomMetricRegistry
 from oceanus.core.types import InferRequest, InferResponse
 
 Arrays = dict[str, np.ndarray]
@@ -161,8 +161,8 @@ class BatchInstance(BackendInstance):
     """An instance that executes one assembled batch at a time."""
 
     # Whether a batch that takes under ~100 µs may run on the event loop instead of the
-    # instance's thread (core/scheduling/instance.py): true for CPU runtimes that keep no per-thread state.
-    # The core never runs GPU instances there (a CUDA context is bound to its thread).
+    # instance's thread (core/scheduling/instance.py): true for CPU runtimes that keep no per-thread
+    # state. The core never runs GPU instances there (a CUDA context is bound to its thread).
     loop_safe: ClassVar[bool] = True
 
     @abstractmethod

@@ -16,16 +16,16 @@ from tritonclient.grpc import model_config_pb2 as mc
 from oceanus.core import datatypes
 from oceanus.core.clock import MONOTONIC, Clock
 from oceanus.core.errors import ErrorCode, InferenceServerError, unavailable
+from oceanus.core.observability.statistics import ModelStatistics
+from oceanus.core.observability.tracing import ModelActivity
+from oceanus.core.scheduling.dynamic_batch import Scheduler
+from oceanus.core.scheduling.factory import make_scheduler
 from oceanus.core.scheduling.implicit_state import StateKeeper
 from oceanus.core.scheduling.instance import BatchResult, InstanceWorker, Job
 from oceanus.core.scheduling.rate_limiter import ModelGate
-from oceanus.core.scheduling.dynamic_batch import Scheduler
-from oceanus.core.scheduling.factory import make_scheduler
 from oceanus.core.scheduling.sequence import SequenceScheduler
 from oceanus.core.shared_memory import write_output
-from oceanus.core.observability.statistics import ModelStatistics
 from oceanus.core.tensor_bytes import array_to_bytes
-from oceanus.core.observability.tracing import ModelActivity
 from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from oceanus.core.validation import TensorSpec, validate_request
 

@@ -17,10 +17,8 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus import __version__
-from oceanus.core.repository import loader as repository
 from oceanus.core.backend_registry import BackendRegistry
 from oceanus.core.clock import MONOTONIC, Clock
-from oceanus.core.observability.custom_metrics import CustomMetricRegistry
 from oceanus.core.errors import (
     InferenceServerError,
     invalid_arg,
@@ -29,11 +27,13 @@ from oceanus.core.errors import (
     unsupported,
 )
 from oceanus.core.model import ModelEntry, ModelState, ModelVersion
-from oceanus.core.repository.manager import ModelManager
-from oceanus.core.scheduling.rate_limiter import RateLimiter, ResourceLimit
-from oceanus.core.response_cache import ResponseCache, cacheable
-from oceanus.core.shared_memory import SharedMemoryManager
+from oceanus.core.observability.custom_metrics import CustomMetricRegistry
 from oceanus.core.observability.tracing import SpanExporter, TraceConfig, TraceManager
+from oceanus.core.repository import loader as repository
+from oceanus.core.repository.manager import ModelManager
+from oceanus.core.response_cache import ResponseCache, cacheable
+from oceanus.core.scheduling.rate_limiter import RateLimiter, ResourceLimit
+from oceanus.core.shared_memory import SharedMemoryManager
 from oceanus.core.types import InferRequest, InferResponse
 
 log = logging.getLogger("oceanus.core")
@@ -64,7 +64,8 @@ class CoreOptions:
     # Brings the repository folders up to date before a poll or an explicit load (blocking):
     # how folders that mirror object storage follow it (oceanus/storage). None: nothing to do.
     refresh_repositories: Callable[[], None] | None = None
-    # --rate-limit (execution_count | off) and --rate-limit-resource (core/scheduling/rate_limiter.py).
+    # --rate-limit (execution_count | off) and --rate-limit-resource
+    # (core/scheduling/rate_limiter.py).
     rate_limit: str = "off"
     rate_limit_resources: list[ResourceLimit] = field(default_factory=list)
     # --model-namespacing: a model name may appear in several repositories.

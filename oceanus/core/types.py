@@ -46,7 +46,8 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     # Monotonic receive time, taken by the frontend as the request arrives.
     received_ns: int = field(default_factory=time.monotonic_ns)
-    # A sampled request's oceanus.core.observability.tracing.Trace (None: not traced, the usual case).
+    # A sampled request's oceanus.core.observability.tracing.Trace (None: not traced, the usual
+    # case).
     trace: Any = None
     # The shared memory regions its inputs and outputs use (oceanus.core.shared_memory.Region),
     # held in use while it is queued or executing; None: none.

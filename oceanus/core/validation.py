@@ -16,8 +16,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from oceanus.core import datatypes
 from oceanus.core.datatypes import DataType
 from oceanus.core.errors import InferenceServerError, invalid_arg
-from oceanus.core.validation_order import unordered_map_order
 from oceanus.core.types import InferRequest, Tensor
+from oceanus.core.validation_order import unordered_map_order
 
 
 @dataclass(frozen=True, slots=True)

@@ -470,8 +470,8 @@ def test_each_instance_thread_keeps_its_own_thread_count(repository: Path) -> No
     import threading
 
     from oceanus.backends import builtin
-    from oceanus.core.repository import model_config
     from oceanus.core.backend import BatchInstance, InstanceSpec, LoadContext, ModelFiles
+    from oceanus.core.repository import model_config
 
     folder = repository / "simple_pytorch"
     config = model_config.read_config_file(folder / "config.pbtxt")

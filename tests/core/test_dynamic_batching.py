@@ -1,4 +1,5 @@
-"""Triton's dynamic batcher (core/scheduling/dynamic_batch.py, docs/architecture.md "Scheduling"), in process:
+"""Triton's dynamic batcher (core/scheduling/dynamic_batch.py, docs/architecture.md "Scheduling"),
+in process:
 the real ServerCore over fake-backend models whose executions the test holds and releases, and
 a manual clock for max_queue_delay and queue timeouts. The wire's side of these rules (HTTP
 503 with Triton's texts, client disconnects) is tests/core/test_batching.py's."""

@@ -1,4 +1,5 @@
-"""Ensemble routing (core/ensemble/steps.py, docs/ensembles.md), in process over fake-backend models:
+"""Ensemble routing (core/ensemble/steps.py, docs/ensembles.md), in process over fake-backend
+models:
 steps run as their inputs exist (independent ones at once), outputs flow step to step, only the
 requested outputs come back, a failing or cancelled request leaves its steps' queues, loading
 an ensemble loads its composing models, and load errors name the problem. The pipeline over

@@ -1,5 +1,5 @@
-"""Implicit state (`sequence_batching { state [...] }`, core/scheduling/implicit_state.py) in the core:
-the example accumulator (ONNX Runtime) keeps a running sum per sequence across concurrent
+"""Implicit state (`sequence_batching { state [...] }`, core/scheduling/implicit_state.py) in the
+core: the example accumulator (ONNX Runtime) keeps a running sum per sequence across concurrent
 sequences, a growing state changes shape, initial state comes from zeros or a data file, the
 state is freed with its sequence (10,000 sequences leave nothing behind), and wrong configs
 fail their load with Triton's texts."""

@@ -1,4 +1,5 @@
-"""Instance groups and where batches execute (core/scheduling/instance.py, core/repository/loader.py), in process:
+"""Instance groups and where batches execute (core/scheduling/instance.py,
+core/repository/loader.py), in process:
 requests spread over a model's instances, Triton's instance names, one failing instance, and
 cheap models' batches moving onto the event loop (docs/architecture.md, "Cheap models execute
 on the loop")."""

@@ -1,5 +1,5 @@
-"""The rate limiter (core/scheduling/rate_limiter.py): Triton's resource accounting, errors and priority
-order as rules, then two sleeping Python instances that need one R1 each, in the core: with
+"""The rate limiter (core/scheduling/rate_limiter.py): Triton's resource accounting, errors and
+priority order as rules, then two sleeping Python instances that need one R1 each, in the core: with
 --rate-limit=execution_count and one R1 they run one after the other (the wait counted as
 queue time), with it off they run together (as Triton 2.51 does: docs/rate-limiter.md)."""
 

@@ -1,5 +1,6 @@
 """Repository parsing, version policies, normalization and the index (core/repository/loader.py,
-core/repository/model_config.py, core/server.py), in process over fake-backend models: which versions a
+core/repository/model_config.py, core/server.py), in process over fake-backend models: which
+versions a
 policy serves, which folders count as versions, what a broken config says, and what the index
 reports for every model."""
 
@@ -11,8 +12,8 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.core.repository import loader as repository
 from oceanus.core.errors import ErrorCode, InferenceServerError
+from oceanus.core.repository import loader as repository
 from oceanus.core.server import ServerCore
 from tests.core.fakes import IO_FP32, World, rows
 

@@ -1,5 +1,5 @@
-"""The sequence batcher's `oldest` strategy (core/scheduling/sequence_oldest.py) in the core, with the
-example accumulator (ONNX Runtime, implicit state): interleaved sequences get their own running
+"""The sequence batcher's `oldest` strategy (core/scheduling/sequence_oldest.py) in the core, with
+the example accumulator (ONNX Runtime, implicit state): interleaved sequences get their own running
 sums, batches form across sequences (the statistics' batch sizes), a preferred batch size with a
 queue delay waits for that many ready sequences, max_candidate_sequences bounds a batch, and
 wrong configs fail with Triton's texts. Outputs and batch counts of the same scenario on

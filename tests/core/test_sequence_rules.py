@@ -1,4 +1,5 @@
-"""The sequence batcher's rules (core/scheduling/sequence.py, docs/sequence-batching.md), in process: slots
+"""The sequence batcher's rules (core/scheduling/sequence.py, docs/sequence-batching.md), in
+process: slots
 and the backlog, control tensors, idle timeouts on a manual clock, Triton's texts for the
 common mistakes. What reaches a real model over HTTP and gRPC, and a Python model's own state,
 stay in tests/core/test_sequence_batching.py."""

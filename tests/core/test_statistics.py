@@ -1,12 +1,12 @@
-"""Statistics arithmetic (core/observability/statistics.py, the one source for /v2/models/stats and the
-Prometheus metrics): what each request and execution adds, measured on a manual clock so every
+"""Statistics arithmetic (core/observability/statistics.py, the one source for /v2/models/stats and
+the Prometheus metrics): what each request and execution adds, measured on a manual clock so every
 duration is exact."""
 
 from __future__ import annotations
 
 from oceanus.core.errors import InferenceServerError
-from oceanus.core.server import ServerCore
 from oceanus.core.observability.statistics import ModelStatistics
+from oceanus.core.server import ServerCore
 from tests.core.fakes import IO_FP32, World, outcome, rows
 
 MS = 1_000_000

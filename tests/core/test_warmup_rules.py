@@ -1,4 +1,5 @@
-"""Model warmup (core/repository/warmup.py, `model_warmup` in config.pbtxt), in process over fake-backend
+"""Model warmup (core/repository/warmup.py, `model_warmup` in config.pbtxt), in process over
+fake-backend
 models: samples run on every instance before the model is ready, with the data the config asks
 for, uncounted; a failing or malformed sample fails the load with Triton's text. A Python model
 warmed up with strings and a decoupled one stay on a real server: tests/core/test_warmup.py."""

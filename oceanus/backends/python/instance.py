@@ -41,8 +41,8 @@ from oceanus.backends.python.dispatch import Dispatcher
 from oceanus.backends.python.server_calls import ServerCalls
 from oceanus.backends.python.stub_launcher import IS_READY_CACHE_S, Stub, exit_text, spawn
 from oceanus.core.backend import LoadContext, RequestInstance, RequestJob, RequestsResult
-from oceanus.core.observability.custom_metrics import CustomMetricRegistry
 from oceanus.core.errors import InferenceServerError, internal, invalid_arg, unavailable
+from oceanus.core.observability.custom_metrics import CustomMetricRegistry
 from oceanus.core.repository.model_config import sequence_control_types
 from oceanus.proto_json import message_to_dict
 

@@ -17,8 +17,8 @@ from oceanus.backends.python import messages as msg
 from oceanus.backends.python import transport as tp
 from oceanus.backends.python.stub_launcher import Stub
 from oceanus.core.backend import ServerHandle
-from oceanus.core.observability.custom_metrics import MetricError, MetricOwner
 from oceanus.core.errors import InferenceServerError, internal, unavailable
+from oceanus.core.observability.custom_metrics import MetricError, MetricOwner
 from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 
 # How a BLS request names itself when the server refuses a decoupled model.

@@ -22,8 +22,8 @@ from typing import Any
 
 from oceanus.backends.python import messages as msg
 from oceanus.backends.python import transport as tp
-from oceanus.core.observability.custom_metrics import MetricOwner
 from oceanus.core.errors import internal
+from oceanus.core.observability.custom_metrics import MetricOwner
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
 # A model's is_ready(): an answer younger than this is reused (instance.py asks).

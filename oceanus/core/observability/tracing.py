@@ -91,7 +91,8 @@ class SettingUpdate:
 
 
 class SpanExporter(Protocol):
-    """Receives finished traces in mode "opentelemetry" (oceanus/core/observability/tracing_otel.py)."""
+    """Receives finished traces in mode "opentelemetry"
+    (oceanus/core/observability/tracing_otel.py)."""
 
     def export(self, trace: Trace) -> None: ...
 

@@ -15,8 +15,6 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.core.ensemble import steps as ensemble
-from oceanus.core.repository import model_config
 from oceanus.core.backend import (
     Backend,
     BackendInstance,
@@ -26,7 +24,9 @@ from oceanus.core.backend import (
     ServerHandle,
 )
 from oceanus.core.backend_registry import BackendRegistry
+from oceanus.core.ensemble import steps as ensemble
 from oceanus.core.errors import InferenceServerError, invalid_arg
+from oceanus.core.repository import model_config
 
 log = logging.getLogger("oceanus.core.repository")
 
@@ -162,7 +162,8 @@ def prepare_config(
     if config.platform and not config.backend:
         config.backend = backends.backend_for_platform(config.platform) or ""
     model_config.resolve_backend(config)
-    # An ensemble has no backend and no model file: the core runs its steps (core/ensemble/steps.py).
+    # An ensemble has no backend and no model file: the core runs its steps
+    # (core/ensemble/steps.py).
     backend: Backend | None = None
     if ensemble.is_ensemble(config) or config.HasField("ensemble_scheduling"):
         ensemble.validate_config(config)

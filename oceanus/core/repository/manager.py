@@ -19,17 +19,16 @@ from typing import Any
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.core.ensemble import steps as ensemble
-from oceanus.core.repository import load_hints
-from oceanus.core.repository import loader as repository
-from oceanus.core.repository import warmup
 from oceanus.core.backend import Backend, ServerHandle
 from oceanus.core.backend_registry import BackendRegistry
 from oceanus.core.clock import MONOTONIC, Clock
+from oceanus.core.ensemble import steps as ensemble
 from oceanus.core.errors import InferenceServerError, invalid_arg
+from oceanus.core.model import ModelEntry, ModelState, ModelVersion
+from oceanus.core.repository import load_hints, warmup
+from oceanus.core.repository import loader as repository
 from oceanus.core.scheduling.implicit_state import StateKeeper, state_specs
 from oceanus.core.scheduling.instance import InstanceWorker
-from oceanus.core.model import ModelEntry, ModelState, ModelVersion
 from oceanus.core.scheduling.rate_limiter import RateLimiter
 
 log = logging.getLogger("oceanus.core.models")

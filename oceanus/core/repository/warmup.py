@@ -31,7 +31,6 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core import datatypes
-from oceanus.core.repository import loader as repository
 from oceanus.core.backend import (
     Backend,
     BackendInstance,
@@ -41,6 +40,7 @@ from oceanus.core.backend import (
     ServerHandle,
 )
 from oceanus.core.errors import InferenceServerError, invalid_arg
+from oceanus.core.repository import loader as repository
 from oceanus.core.repository.model_config import sequence_control_types
 from oceanus.core.tensor_bytes import bytes_elements
 from oceanus.core.types import InferRequest, Tensor

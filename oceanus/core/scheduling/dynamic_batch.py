@@ -29,9 +29,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core.clock import MONOTONIC, Clock, Timer
 from oceanus.core.errors import ErrorCode, InferenceServerError, unavailable
+from oceanus.core.observability.statistics import ModelStatistics
 from oceanus.core.scheduling.instance import BatchResult, InstanceWorker, Job
 from oceanus.core.scheduling.rate_limiter import ModelGate
-from oceanus.core.observability.statistics import ModelStatistics
 
 log = logging.getLogger("oceanus.core.scheduler")
 
@@ -123,8 +123,8 @@ class Scheduler:
             worker.start(self._on_batch_done)
 
     def attach_gate(self, gate: ModelGate[InstanceWorker] | None) -> None:
-        """Run every batch through the rate limiter (core/scheduling/rate_limiter.py): a formed batch
-        waits, still counted as queued time, until its instance's resources are allocated."""
+        """Run every batch through the rate limiter (core/scheduling/rate_limiter.py): a formed
+        batch waits, still counted as queued time, until its instance's resources are allocated."""
         self._gate = gate
         if gate is not None:
             self._in_place_allowed = False

@@ -5,11 +5,11 @@ from __future__ import annotations
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core.clock import MONOTONIC, Clock
-from oceanus.core.scheduling.instance import InstanceWorker
+from oceanus.core.observability.statistics import ModelStatistics
 from oceanus.core.scheduling.dynamic_batch import JobDone, Scheduler
+from oceanus.core.scheduling.instance import InstanceWorker
 from oceanus.core.scheduling.sequence import SequenceScheduler
 from oceanus.core.scheduling.sequence_oldest import OldestSequenceScheduler
-from oceanus.core.observability.statistics import ModelStatistics
 
 
 def make_scheduler(

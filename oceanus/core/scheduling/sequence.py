@@ -30,10 +30,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core.clock import MONOTONIC, Clock, Timer
 from oceanus.core.errors import ErrorCode, InferenceServerError, invalid_arg, unavailable
+from oceanus.core.observability.statistics import ModelStatistics
+from oceanus.core.scheduling.dynamic_batch import JobDone, Scheduler, _same_shapes
 from oceanus.core.scheduling.implicit_state import StateKeeper, States
 from oceanus.core.scheduling.instance import BatchResult, InstanceWorker, Job
-from oceanus.core.scheduling.dynamic_batch import JobDone, Scheduler, _same_shapes
-from oceanus.core.observability.statistics import ModelStatistics
 
 log = logging.getLogger("oceanus.core.sequence")
 
@@ -56,7 +56,9 @@ class _Sequence:
     busy: bool = False  # one of its requests is executing
     ended: bool = False  # its END request is queued or executing
     last_ns: int = 0
-    states: States | None = None  # implicit state (core/scheduling/implicit_state.py); None: initial
+    states: States | None = (
+        None  # implicit state (core/scheduling/implicit_state.py); None: initial
+    )
 
 
 @dataclass(frozen=True, slots=True)

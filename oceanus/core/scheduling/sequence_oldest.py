@@ -10,7 +10,8 @@ docs/user_guide/architecture.md, "Oldest"):
   up to max_batch_size, sent at once when a `preferred_batch_size` (default max_batch_size)
   can be formed, else after the oldest ready request waited `max_queue_delay_microseconds`;
 - `preserve_ordering` returns responses in the order requests entered batches.
-Control tensors and implicit state are added as with the direct strategy (core/scheduling/sequence.py).
+Control tensors and implicit state are added as with the direct strategy
+(core/scheduling/sequence.py).
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core.clock import MONOTONIC, Clock
 from oceanus.core.errors import InferenceServerError
-from oceanus.core.scheduling.instance import BatchResult, InstanceWorker, Job
-from oceanus.core.scheduling.dynamic_batch import JobDone, _same_shapes
-from oceanus.core.scheduling.sequence import SequenceScheduler, _Sequence, _Slot
 from oceanus.core.observability.statistics import ModelStatistics
+from oceanus.core.scheduling.dynamic_batch import JobDone, _same_shapes
+from oceanus.core.scheduling.instance import BatchResult, InstanceWorker, Job
+from oceanus.core.scheduling.sequence import SequenceScheduler, _Sequence, _Slot
 
 
 class OldestSequenceScheduler(SequenceScheduler):
@@ -89,7 +90,8 @@ class OldestSequenceScheduler(SequenceScheduler):
                 return
 
     def _choose(self, ready: list[tuple[int, _Sequence]], now: int) -> list[_Sequence]:
-        """The dynamic batcher's choice over the ready heads (core/scheduling/dynamic_batch.py's rules)."""
+        """The dynamic batcher's choice over the ready heads (core/scheduling/dynamic_batch.py's
+        rules)."""
         chosen: list[_Sequence] = []
         first: Job | None = None
         rows = 0

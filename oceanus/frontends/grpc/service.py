@@ -25,8 +25,8 @@ from oceanus.core.errors import (
     unavailable,
     unsupported,
 )
-from oceanus.core.server import DECOUPLED_UNSUPPORTED, ServerCore
 from oceanus.core.observability.tracing import Trace, TraceSettingError
+from oceanus.core.server import DECOUPLED_UNSUPPORTED, ServerCore
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.decoding import DECODE_ON_THREAD_BYTES
 from oceanus.frontends.grpc import codec, health

@@ -12,10 +12,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from oceanus.core.errors import InferenceServerError, internal, invalid_arg, unsupported
-from oceanus.proto_json import message_to_dict
+from oceanus.core.observability.tracing import Trace, TraceSettingError
 from oceanus.core.repository.loader import is_number
 from oceanus.core.server import DECOUPLED_UNSUPPORTED, ServerCore
-from oceanus.core.observability.tracing import Trace, TraceSettingError
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.decoding import DECODE_ON_THREAD_BYTES
 from oceanus.frontends.header_forward import HeaderForward
@@ -43,6 +42,7 @@ from oceanus.frontends.http.responses import (
 )
 from oceanus.frontends.trace_settings import unknown_model, update_from_json
 from oceanus.logs import LogSettings
+from oceanus.proto_json import message_to_dict
 
 log = logging.getLogger("oceanus.http")
 

@@ -17,13 +17,13 @@ from typing import Protocol
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from oceanus.core.model import ModelVersion
 from oceanus.core.observability.custom_metrics import HISTOGRAM, FamilySnapshot
 from oceanus.core.observability.latency import SUMMARY_KINDS
-from oceanus.core.model import ModelVersion
-from oceanus.core.server import ServerCore
 from oceanus.core.observability.statistics import FAILURE_REASONS, Duration, ModelStatistics
-from oceanus.frontends.metrics.system import SystemMetrics
+from oceanus.core.server import ServerCore
 from oceanus.frontends.metrics.config import MetricsConfig
+from oceanus.frontends.metrics.system import SystemMetrics
 
 
 class CustomFamilies(Protocol):

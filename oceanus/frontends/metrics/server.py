@@ -20,12 +20,12 @@ from prometheus_client.registry import CollectorRegistry
 from oceanus.core.observability import statistics
 from oceanus.core.observability.latency import LatencyRecorder
 from oceanus.core.server import ServerCore
-from oceanus.frontends.metrics.system import SystemMetrics
 from oceanus.frontends.metrics.collector import TritonCollector
 from oceanus.frontends.metrics.config import MetricsConfig
 from oceanus.frontends.metrics.exposition import CONTENT_TYPE, render
 from oceanus.frontends.metrics.page import SECURITY_HEADERS, StatusPage
 from oceanus.frontends.metrics.status import StatusSource
+from oceanus.frontends.metrics.system import SystemMetrics
 
 log = logging.getLogger("oceanus.metrics")
 

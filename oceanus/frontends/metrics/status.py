@@ -19,13 +19,13 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus import __version__
-from oceanus.core.repository import loader as repository
 from oceanus.core.errors import InferenceServerError
 from oceanus.core.model import ModelEntry, ModelVersion
-from oceanus.core.server import ServerCore
 from oceanus.core.observability.statistics import ModelStatistics
-from oceanus.frontends.metrics.system import SystemMetrics
+from oceanus.core.repository import loader as repository
+from oceanus.core.server import ServerCore
 from oceanus.frontends.metrics.process import ProcessSampler, count_connections
+from oceanus.frontends.metrics.system import SystemMetrics
 
 # The window p50/p99 are computed over: short enough to follow a change in load within seconds,
 # long enough to hold a few hundred requests of a slow model.

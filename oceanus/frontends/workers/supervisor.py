@@ -1,7 +1,8 @@
 """The core process's side of `--frontend-workers N`: start the worker processes, serve their
 channels, restart one that dies, mirror server state to them, and drain them on shutdown.
 
-Each worker is `python -m oceanus.frontend_worker <fd> <index>`, connected to the core by a socketpair
+Each worker is `python -m oceanus.frontend_worker <fd> <index>`, connected to the core by a
+socketpair
 whose end it inherits. A worker that dies is replaced (its clients' connections are lost, the
 other workers' clients see nothing); the core going away ends every worker, which notices its
 channel closing.
@@ -119,7 +120,13 @@ class FrontendWorkers:
         channel = await Channel.open(parent, on_message, link.lost)
         link.channel = channel
         worker.process = subprocess.Popen(
-            [sys.executable, "-m", "oceanus.frontend_worker", str(child.fileno()), str(worker.index)],
+            [
+                sys.executable,
+                "-m",
+                "oceanus.frontend_worker",
+                str(child.fileno()),
+                str(worker.index),
+            ],
             pass_fds=(child.fileno(),),
         )
         child.close()

@@ -14,14 +14,14 @@ from prometheus_client.registry import CollectorRegistry
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.cli import parse_args
+from oceanus.core.model import ModelState, ModelVersion
 from oceanus.core.observability import statistics
 from oceanus.core.observability.latency import LatencyOptions, LatencyRecorder, WindowedQuantiles
-from oceanus.core.model import ModelState, ModelVersion
-from oceanus.frontends.metrics.system import SystemMetrics, read_cpu_times, read_memory
 from oceanus.frontends.http.extensions import handle_logging
 from oceanus.frontends.metrics import MetricsConfig, TritonCollector, parse_metrics_config
 from oceanus.frontends.metrics.exposition import format_value, render
 from oceanus.frontends.metrics.server import enable_latency_recording
+from oceanus.frontends.metrics.system import SystemMetrics, read_cpu_times, read_memory
 from oceanus.logs import LogSettings
 
 
