@@ -159,7 +159,7 @@ def test_cheap_batches_move_onto_the_loop_other_backends_never_do(
         assert len(on_loop) == cheap.count(LOOP_THREAD)
         assert all("for 'cheap'" in line for line in on_loop)
 
-    caplog.set_level(logging.DEBUG, logger="oceanus.core.scheduling.dynamic_batch")
+    caplog.set_level(logging.DEBUG, logger="oceanus.core.scheduler")
     world.run(scenario)
 
 
@@ -186,5 +186,5 @@ def test_lone_requests_of_unbatched_cheap_models_execute_in_place(
         assert len(in_place) == len(on_loop)
         assert all("for 'plain'" in line for line in in_place)
 
-    caplog.set_level(logging.DEBUG, logger="oceanus.core.scheduling.dynamic_batch")
+    caplog.set_level(logging.DEBUG, logger="oceanus.core.scheduler")
     world.run(scenario)

@@ -272,7 +272,7 @@ def test_idle_sequences_are_released_and_give_their_slot_away(
             caplog.messages
         )
 
-    caplog.set_level(logging.INFO, logger="oceanus.core.scheduling.sequence")
+    caplog.set_level(logging.INFO, logger="oceanus.core.sequence")
     world.run(scenario)
 
 

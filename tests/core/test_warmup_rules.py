@@ -66,7 +66,7 @@ def test_samples_run_on_every_instance_with_their_data_uncounted(
         max_batch_size=8,
     )
     model = world.model("warm")
-    caplog.set_level(logging.INFO, logger="oceanus.core.repository.warmup")
+    caplog.set_level(logging.INFO, logger="oceanus.core.warmup")
 
     async def scenario(core: ServerCore) -> None:
         # 2 instances x (zeros once + random twice), before the model was ready
