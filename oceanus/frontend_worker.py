@@ -32,7 +32,7 @@ from oceanus.settings import Settings
 log = logging.getLogger("oceanus.workers")
 
 
-class _Worker:
+class _FrontendWorker:
     def __init__(self, index: int) -> None:
         self.index = index
         self.client = CoreClient()
@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     install_uvloop()
 
     async def run() -> int:
-        return await _Worker(index).serve(socket.socket(fileno=fd))
+        return await _FrontendWorker(index).serve(socket.socket(fileno=fd))
 
     return asyncio.run(run())
 

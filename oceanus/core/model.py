@@ -21,7 +21,7 @@ from oceanus.core.observability.tracing import ModelActivity
 from oceanus.core.scheduling.dynamic_batch import Scheduler
 from oceanus.core.scheduling.factory import make_scheduler
 from oceanus.core.scheduling.implicit_state import StateKeeper
-from oceanus.core.scheduling.instance import BatchResult, InstanceWorker, Job
+from oceanus.core.scheduling.instance import BatchResult, InstanceThread, Job
 from oceanus.core.scheduling.rate_limiter import ModelGate
 from oceanus.core.scheduling.sequence import SequenceScheduler
 from oceanus.core.shared_memory import write_output
@@ -75,7 +75,7 @@ class ModelVersion:
         self.scheduler: Scheduler | None = None
         # Decoupled models answer through infer_stream() only (0..N responses per request).
         self.decoupled = bool(config.model_transaction_policy.decoupled)
-        self._workers: list[InstanceWorker] = []
+        self._workers: list[InstanceThread] = []
 
     @property
     def ready(self) -> bool:
@@ -88,8 +88,8 @@ class ModelVersion:
 
     def start(
         self,
-        workers: list[InstanceWorker],
-        gate: ModelGate[InstanceWorker] | None = None,
+        workers: list[InstanceThread],
+        gate: ModelGate[InstanceThread] | None = None,
         states: StateKeeper | None = None,
     ) -> None:
         """Attach loaded instances (behind the rate limiter's `gate`, when it is on; keeping

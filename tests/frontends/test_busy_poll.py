@@ -86,7 +86,7 @@ def test_no_polling_while_a_batch_executes_on_an_instance_thread() -> None:
         poll = BusyPoll(1_000_000, asyncio.get_running_loop())
         answer(poll)
         poll.request_began(time.monotonic_ns())
-        ThreadBatches.executing = 1  # as InstanceWorker.submit counts a batch
+        ThreadBatches.executing = 1  # as InstanceThread.submit counts a batch
         poll.response_sent()
         assert not poll.polling
         ThreadBatches.executing = 0

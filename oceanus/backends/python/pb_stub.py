@@ -48,7 +48,7 @@ STANDBY_AFTER_S = 0.02
 IS_READY_TIMEOUT_S = 5.0
 
 
-class Worker(runtime.Runtime):
+class PbStub(runtime.Runtime):
     def __init__(self, channel: tp.Channel) -> None:
         self.channel = channel
         # Batches (and FINALIZE) for the main thread; read by whichever thread reads the socket.
@@ -449,7 +449,7 @@ def main() -> None:
         autocomplete(channel, message)
         return
     assert isinstance(message, msg.Init)
-    worker = Worker(channel)
+    worker = PbStub(channel)
     runtime.install(worker)
     worker.initialize(message)
     threading.Thread(target=worker.mailbox.standby, name="standby-reader", daemon=True).start()

@@ -90,7 +90,7 @@ def spawn(
     channel = tp.Channel(parent)
     try:
         process = subprocess.Popen(
-            worker_command(child.fileno()), pass_fds=(child.fileno(),), env=worker_env()
+            stub_command(child.fileno()), pass_fds=(child.fileno(),), env=stub_env()
         )
         child.close()
         writer = tp.RingWriter(s2w, capacity, f"{prefix}-s-")
@@ -131,7 +131,7 @@ def run_autocomplete(model_path: Path, config_json: str) -> str:
     """Call the model's static auto_complete_config in a short-lived stub."""
     parent, child = socket.socketpair()
     process = subprocess.Popen(
-        worker_command(child.fileno()), pass_fds=(child.fileno(),), env=worker_env()
+        stub_command(child.fileno()), pass_fds=(child.fileno(),), env=stub_env()
     )
     child.close()
     channel = tp.Channel(parent)
@@ -152,11 +152,11 @@ def run_autocomplete(model_path: Path, config_json: str) -> str:
     return str(answer.result)
 
 
-def worker_command(fd: int) -> list[str]:
+def stub_command(fd: int) -> list[str]:
     return [sys.executable, "-m", "oceanus.backends.python.pb_stub", str(fd)]
 
 
-def worker_env() -> dict[str, str]:
+def stub_env() -> dict[str, str]:
     env = dict(os.environ)
     path = env.get("PYTHONPATH", "")
     if _PACKAGE_ROOT not in path.split(os.pathsep):

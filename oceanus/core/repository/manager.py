@@ -28,7 +28,7 @@ from oceanus.core.model import ModelEntry, ModelState, ModelVersion
 from oceanus.core.repository import load_hints, warmup
 from oceanus.core.repository import loader as repository
 from oceanus.core.scheduling.implicit_state import StateKeeper, state_specs
-from oceanus.core.scheduling.instance import InstanceWorker
+from oceanus.core.scheduling.instance import InstanceThread
 from oceanus.core.scheduling.rate_limiter import RateLimiter
 
 log = logging.getLogger("oceanus.core.models")
@@ -223,7 +223,7 @@ class ModelManager:
                 )
                 continue
             workers = [
-                InstanceWorker(spec, instance, batched, loop, self._clock)
+                InstanceThread(spec, instance, batched, loop, self._clock)
                 for spec, instance in loaded.instances
             ]
             try:

@@ -30,7 +30,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from oceanus.core.clock import MONOTONIC, Clock, Timer
 from oceanus.core.errors import ErrorCode, InferenceServerError, unavailable
 from oceanus.core.observability.statistics import ModelStatistics
-from oceanus.core.scheduling.instance import BatchResult, InstanceWorker, Job
+from oceanus.core.scheduling.instance import BatchResult, InstanceThread, Job
 from oceanus.core.scheduling.rate_limiter import ModelGate
 
 log = logging.getLogger("oceanus.core.scheduler")
@@ -71,7 +71,7 @@ class Scheduler:
     def __init__(
         self,
         config: mc.ModelConfig,
-        workers: list[InstanceWorker],
+        workers: list[InstanceThread],
         stats: ModelStatistics,
         on_job_done: JobDone,
         clock: Clock = MONOTONIC,
@@ -81,7 +81,7 @@ class Scheduler:
         self._clock = clock
         self._now_ns = clock.now_ns
         self._workers = workers
-        self._idle: list[InstanceWorker] = list(reversed(workers))
+        self._idle: list[InstanceThread] = list(reversed(workers))
         self._stats = stats
         self._on_job_done = on_job_done
         self._max_batch = config.max_batch_size
@@ -117,12 +117,12 @@ class Scheduler:
         # request executes inside enqueue (see there) instead of a loop iteration later.
         self._in_place_allowed = not self._dynamic
         # The rate limiter's view of the instances (--rate-limit=execution_count), if on.
-        self._gate: ModelGate[InstanceWorker] | None = None
+        self._gate: ModelGate[InstanceThread] | None = None
         self._loop = asyncio.get_running_loop()
         for worker in workers:
             worker.start(self._on_batch_done)
 
-    def attach_gate(self, gate: ModelGate[InstanceWorker] | None) -> None:
+    def attach_gate(self, gate: ModelGate[InstanceThread] | None) -> None:
         """Run every batch through the rate limiter (core/scheduling/rate_limiter.py): a formed
         batch waits, still counted as queued time, until its instance's resources are allocated."""
         self._gate = gate
@@ -222,10 +222,10 @@ class Scheduler:
                 return
             self._launch(self._take_idle(), batch)
 
-    def _take_idle(self) -> InstanceWorker:
+    def _take_idle(self) -> InstanceThread:
         return self._idle.pop() if self._gate is None else self._gate.take_idle(self._idle)
 
-    def _launch(self, worker: InstanceWorker, batch: list[Job], in_place: bool = False) -> None:
+    def _launch(self, worker: InstanceThread, batch: list[Job], in_place: bool = False) -> None:
         """Send a formed batch (its jobs already out of the queue, still counted in it) to an
         idle worker; `in_place`: a cheap model's lone request executes in this call."""
         self._queued -= len(batch)
@@ -243,7 +243,7 @@ class Scheduler:
         else:
             self._run_batch(worker, batch, in_place)
 
-    def _run_batch(self, worker: InstanceWorker, batch: list[Job], in_place: bool = False) -> None:
+    def _run_batch(self, worker: InstanceThread, batch: list[Job], in_place: bool = False) -> None:
         now = self._now_ns()
         for job in batch:
             job.started_ns = now
@@ -256,7 +256,7 @@ class Scheduler:
         else:
             worker.submit(batch)
 
-    def _execute_inline(self, worker: InstanceWorker, batch: list[Job]) -> None:
+    def _execute_inline(self, worker: InstanceThread, batch: list[Job]) -> None:
         """A cheap model's batch, on the loop (after the callbacks already ready, so requests
         read in this loop iteration can still join the next batch)."""
         self._on_batch_done(worker, batch, worker.execute_now(batch), inline=True)
@@ -356,7 +356,7 @@ class Scheduler:
     # ---- completion -------------------------------------------------------------------------
 
     def _on_batch_done(
-        self, worker: InstanceWorker, batch: list[Job], result: BatchResult, inline: bool = False
+        self, worker: InstanceThread, batch: list[Job], result: BatchResult, inline: bool = False
     ) -> None:
         now = self._now_ns()
         self._executing -= len(batch)

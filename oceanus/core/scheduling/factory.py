@@ -7,14 +7,14 @@ from tritonclient.grpc import model_config_pb2 as mc
 from oceanus.core.clock import MONOTONIC, Clock
 from oceanus.core.observability.statistics import ModelStatistics
 from oceanus.core.scheduling.dynamic_batch import JobDone, Scheduler
-from oceanus.core.scheduling.instance import InstanceWorker
+from oceanus.core.scheduling.instance import InstanceThread
 from oceanus.core.scheduling.sequence import SequenceScheduler
 from oceanus.core.scheduling.sequence_oldest import OldestSequenceScheduler
 
 
 def make_scheduler(
     config: mc.ModelConfig,
-    workers: list[InstanceWorker],
+    workers: list[InstanceThread],
     stats: ModelStatistics,
     on_job_done: JobDone,
     clock: Clock = MONOTONIC,

@@ -73,7 +73,7 @@ class BatchResult:
 # than the execution, and under load each hop waits for a CPU (measured in docs/architecture.md).
 INLINE_LIMIT_NS = 100_000
 
-BatchDone = Callable[["InstanceWorker", list[Job], BatchResult], None]
+BatchDone = Callable[["InstanceThread", list[Job], BatchResult], None]
 
 
 class ThreadBatches:
@@ -84,7 +84,7 @@ class ThreadBatches:
     executing = 0
 
 
-class InstanceWorker:
+class InstanceThread:
     """A backend instance and the thread that executes batches on it."""
 
     def __init__(

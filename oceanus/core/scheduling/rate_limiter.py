@@ -34,7 +34,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from oceanus.core.errors import invalid_arg
 
 Batch = list[Any]  # a scheduler's formed batch (its jobs)
-Worker = TypeVar("Worker", bound=Hashable)
+Instance = TypeVar("Instance", bound=Hashable)
 
 log = logging.getLogger("oceanus.core.rate_limiter")
 
@@ -119,8 +119,12 @@ class RateLimiter:
     # ---- instances come and go with their models ------------------------------------------
 
     def gate(
-        self, model: str, config: mc.ModelConfig, workers: Sequence[Worker], devices: Sequence[int]
-    ) -> ModelGate[Worker] | None:
+        self,
+        model: str,
+        config: mc.ModelConfig,
+        workers: Sequence[Instance],
+        devices: Sequence[int],
+    ) -> ModelGate[Instance] | None:
         """A model version's gate to the limiter; None when rate limiting is off."""
         instances = self.register(model, instance_rate_limits(config), devices)
         if instances is None:
@@ -241,22 +245,22 @@ class RateLimiter:
         return "\n".join(lines)
 
 
-class ModelGate(Generic[Worker]):
+class ModelGate(Generic[Instance]):
     """One model version's instances behind the rate limiter (its scheduler's view): which idle
     instance takes the next batch, and a formed batch waiting for its instance's resources."""
 
-    def __init__(self, limiter: RateLimiter, instances: dict[Worker, LimitedInstance]) -> None:
+    def __init__(self, limiter: RateLimiter, instances: dict[Instance, LimitedInstance]) -> None:
         self._limiter = limiter
         self._instances = instances
-        self._waiting: dict[Worker, Batch] = {}
+        self._waiting: dict[Instance, Batch] = {}
 
-    def take_idle(self, idle: list[Worker]) -> Worker:
+    def take_idle(self, idle: list[Instance]) -> Instance:
         """The idle instance to get the next batch: the lowest execution count x priority, as
         Triton picks the model's available instance."""
         best = min(range(len(idle)), key=lambda i: self._instances[idle[i]].scaled_priority)
         return idle.pop(best)
 
-    def stage(self, worker: Worker, batch: Batch, run: Callable[[Worker, Batch], None]) -> None:
+    def stage(self, worker: Instance, batch: Batch, run: Callable[[Instance, Batch], None]) -> None:
         """`run(worker, batch)` once the limiter allocates the instance's resources."""
         self._waiting[worker] = batch
 
@@ -266,7 +270,7 @@ class ModelGate(Generic[Worker]):
 
         self._limiter.stage(self._instances[worker], allocated)
 
-    def release(self, worker: Worker) -> None:
+    def release(self, worker: Instance) -> None:
         self._limiter.release(self._instances[worker])
 
     def close(self) -> list[Batch]:

@@ -33,7 +33,7 @@ from oceanus.core.errors import ErrorCode, InferenceServerError, invalid_arg, un
 from oceanus.core.observability.statistics import ModelStatistics
 from oceanus.core.scheduling.dynamic_batch import JobDone, Scheduler, _same_shapes
 from oceanus.core.scheduling.implicit_state import StateKeeper, States
-from oceanus.core.scheduling.instance import BatchResult, InstanceWorker, Job
+from oceanus.core.scheduling.instance import BatchResult, InstanceThread, Job
 
 log = logging.getLogger("oceanus.core.sequence")
 
@@ -43,7 +43,7 @@ CorrelationId = int | str
 
 @dataclass(eq=False, slots=True)
 class _Slot:
-    worker: InstanceWorker
+    worker: InstanceThread
     index: int
     sequence: _Sequence | None = None
 
@@ -102,7 +102,7 @@ class SequenceScheduler(Scheduler):
     def __init__(
         self,
         config: mc.ModelConfig,
-        workers: list[InstanceWorker],
+        workers: list[InstanceThread],
         stats: ModelStatistics,
         on_job_done: JobDone,
         clock: Clock = MONOTONIC,
@@ -112,7 +112,7 @@ class SequenceScheduler(Scheduler):
         self._idle_ns = (batching.max_sequence_idle_microseconds or 1_000_000) * 1000
         self._batched = config.max_batch_size > 0
         per_instance = max(config.max_batch_size, 1)
-        self._slots: dict[InstanceWorker, list[_Slot]] = {
+        self._slots: dict[InstanceThread, list[_Slot]] = {
             worker: [_Slot(worker, index) for index in range(per_instance)] for worker in workers
         }
         self._controls = _control_specs(config)
@@ -304,7 +304,7 @@ class SequenceScheduler(Scheduler):
     # ---- completion -------------------------------------------------------------------------
 
     def _on_batch_done(
-        self, worker: InstanceWorker, batch: list[Job], result: BatchResult, inline: bool = False
+        self, worker: InstanceThread, batch: list[Job], result: BatchResult, inline: bool = False
     ) -> None:
         now = self._now_ns()
         idle = False

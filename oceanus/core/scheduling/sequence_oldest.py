@@ -23,7 +23,7 @@ from oceanus.core.clock import MONOTONIC, Clock
 from oceanus.core.errors import InferenceServerError
 from oceanus.core.observability.statistics import ModelStatistics
 from oceanus.core.scheduling.dynamic_batch import JobDone, _same_shapes
-from oceanus.core.scheduling.instance import BatchResult, InstanceWorker, Job
+from oceanus.core.scheduling.instance import BatchResult, InstanceThread, Job
 from oceanus.core.scheduling.sequence import SequenceScheduler, _Sequence, _Slot
 
 
@@ -33,7 +33,7 @@ class OldestSequenceScheduler(SequenceScheduler):
     def __init__(
         self,
         config: mc.ModelConfig,
-        workers: list[InstanceWorker],
+        workers: list[InstanceThread],
         stats: ModelStatistics,
         on_job_done: JobDone,
         clock: Clock = MONOTONIC,

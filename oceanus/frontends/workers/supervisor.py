@@ -59,7 +59,7 @@ def auto_workers() -> int:
 
 
 @dataclass
-class _Worker:
+class _WorkerProcess:
     index: int
     process: subprocess.Popen[bytes] | None = None
     link: CoreLink | None = None
@@ -83,7 +83,7 @@ class FrontendWorkers:
         self._settings = settings_blob
         self._new_link = new_link
         self._state = state
-        self._workers = [_Worker(index) for index in range(count)]
+        self._workers = [_WorkerProcess(index) for index in range(count)]
         self._last_state: dict[str, Any] = {}
         self._started = False
         self._stopping = False
@@ -102,7 +102,7 @@ class FrontendWorkers:
                 raise OSError(result)
         self._started = True
 
-    async def _spawn(self, worker: _Worker) -> None:
+    async def _spawn(self, worker: _WorkerProcess) -> None:
         loop = asyncio.get_running_loop()
         parent, child = socket.socketpair()
         link = self._new_link()
@@ -135,7 +135,7 @@ class FrontendWorkers:
         channel.send((m.STATE, self._state()))
         worker.watcher = asyncio.ensure_future(self._watch(worker))
 
-    async def _watch(self, worker: _Worker) -> None:
+    async def _watch(self, worker: _WorkerProcess) -> None:
         process = worker.process
         assert process is not None
         returncode = await asyncio.get_running_loop().run_in_executor(None, process.wait)
