@@ -7,7 +7,7 @@ singly linked list of nodes, puts a node whose bucket is empty at the front of t
 other node in front of its bucket's run, and when it grows re-inserts the nodes in list order by
 the same rule (13 buckets up to 13 entries, then 29, 59, 127, ...).
 Checked against g++ 12 and against the lists Triton 2.51 printed
-(docs/triton-reference-behaviour.md, section 16; tests/core/test_triton_order.py).
+(docs/triton-reference-behaviour.md, section 16; tests/core/test_validation_order.py).
 """
 
 from __future__ import annotations

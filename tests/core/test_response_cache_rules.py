@@ -2,7 +2,7 @@
 skip execution and count as Triton counts them, requested outputs are part of the key, LRU
 eviction by bytes, responses larger than the cache, ensembles, decoupled models refused, and a
 model asking for a cache the server does not have. The cache over HTTP, gRPC and /metrics stays
-in tests/core/test_response_cache.py."""
+in tests/wire/test_response_cache.py."""
 
 from __future__ import annotations
 

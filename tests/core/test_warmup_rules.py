@@ -2,7 +2,7 @@
 fake-backend
 models: samples run on every instance before the model is ready, with the data the config asks
 for, uncounted; a failing or malformed sample fails the load with Triton's text. A Python model
-warmed up with strings and a decoupled one stay on a real server: tests/core/test_warmup.py."""
+warmed up with strings and a decoupled one stay on a real server: tests/wire/test_warmup.py."""
 
 from __future__ import annotations
 

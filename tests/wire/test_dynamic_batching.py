@@ -1,7 +1,7 @@
 """Dynamic batching on a real server, for what only the wire shows: queue refusals reach an HTTP
 client as 503 with Triton's words, concurrent HTTP requests form batches, and a client that
 disconnects leaves the queue. The batcher's rules themselves (preferred sizes, delays, priorities,
-queue policies, cancellation) are tested in process: tests/core/test_dynamic_batching.py."""
+queue policies, cancellation) are tested in process: tests/core/test_dynamic_batching_rules.py."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 reach an ONNX model with the right values over HTTP and gRPC, both protocols deliver the
 sequence parameters, and a Python model keeps per-sequence state with its requests batched
 (checked against Triton 2.51, docs/sequence-batching.md). The batcher's rules (slots, backlog,
-idle timeouts, every mistake's text) are tested in process: tests/core/test_sequence_rules.py."""
+idle timeouts, every mistake's text) are tested in process: tests/core/test_sequence_batching_rules.py."""
 
 from __future__ import annotations
 
@@ -176,7 +176,7 @@ def test_control_tensors_reach_an_onnx_model(seq_server: Any, protocol: str) -> 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_sequence_parameters_reach_the_core_as_sent(seq_server: Any, protocol: str) -> None:
     """Each protocol hands the core an absent ID as none and a string ID as a string (the
-    rules and all their texts: tests/core/test_sequence_rules.py)."""
+    rules and all their texts: tests/core/test_sequence_batching_rules.py)."""
     assert _error(seq_server, protocol, "seq_onnx") == (
         "inference request to model 'seq_onnx' must specify a non-zero or non-empty correlation ID"
     )

@@ -1,7 +1,7 @@
 """Model control (core/repository/manager.py), in process over fake-backend models: explicit load
 and unload, loads with a config override and files, reloads that fail no request, unloads that wait
 for the requests in flight, and poll mode following the repository. The repository API on the
-wire is tests/core/test_model_management.py (HTTP) and tests/frontends/grpc/
+wire is tests/wire/test_model_control.py (HTTP) and tests/frontends/grpc/
 test_grpc_model_control.py (gRPC)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Ensemble models (platform "ensemble") on a real server: a pipeline with fan-out over HTTP,
 gRPC and a gRPC stream, its metadata, config and statistics. Routing, load errors, explicit
 loading of composing models and nesting are tested in process:
-tests/core/test_ensemble_routing.py."""
+tests/core/test_ensembles_rules.py."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 in process:
 the real ServerCore over fake-backend models whose executions the test holds and releases, and
 a manual clock for max_queue_delay and queue timeouts. The wire's side of these rules (HTTP
-503 with Triton's texts, client disconnects) is tests/core/test_batching.py's."""
+503 with Triton's texts, client disconnects) is tests/wire/test_dynamic_batching.py's."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ models:
 steps run as their inputs exist (independent ones at once), outputs flow step to step, only the
 requested outputs come back, a failing or cancelled request leaves its steps' queues, loading
 an ensemble loads its composing models, and load errors name the problem. The pipeline over
-HTTP, gRPC and a stream stays in tests/core/test_ensembles.py."""
+HTTP, gRPC and a stream stays in tests/wire/test_ensembles.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The repository API over HTTP on a real server in explicit mode: index, load, unload, loads with
 a config override and base64 files, with Triton's statuses and texts. The rules behind it
 (reloads, unloads waiting for requests, poll mode, auto-complete) are tested in process:
-tests/core/test_model_control.py, tests/core/test_repository_rules.py."""
+tests/core/test_model_control_rules.py, tests/core/test_repository_rules.py."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 process: slots
 and the backlog, control tensors, idle timeouts on a manual clock, Triton's texts for the
 common mistakes. What reaches a real model over HTTP and gRPC, and a Python model's own state,
-stay in tests/core/test_sequence_batching.py."""
+stay in tests/wire/test_sequence_batching.py."""
 
 from __future__ import annotations
 
