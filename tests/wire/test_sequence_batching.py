@@ -2,7 +2,8 @@
 reach an ONNX model with the right values over HTTP and gRPC, both protocols deliver the
 sequence parameters, and a Python model keeps per-sequence state with its requests batched
 (checked against Triton 2.51, docs/sequence-batching.md). The batcher's rules (slots, backlog,
-idle timeouts, every mistake's text) are tested in process: tests/core/test_sequence_batching_rules.py."""
+idle timeouts, every mistake's text) are tested in process:
+tests/core/test_sequence_batching_rules.py."""
 
 from __future__ import annotations
 
