@@ -46,7 +46,7 @@ from oceanus.backends._common import (
 from oceanus.core import datatypes
 from oceanus.core.backend import Backend, BatchInstance, LoadContext
 from oceanus.core.errors import InferenceServerError, invalid_arg
-from oceanus.core.repository.loader import is_number
+from oceanus.core.types import is_number
 
 log = logging.getLogger("oceanus.backends.openvino")
 

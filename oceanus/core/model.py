@@ -38,7 +38,7 @@ class ModelState(enum.Enum):
     UNAVAILABLE = "UNAVAILABLE"
 
 
-def _failure_reason(error: InferenceServerError | None) -> str:
+def failure_reason(error: InferenceServerError | None) -> str:
     if error is None:
         return "CANCELED"
     if error.code == ErrorCode.UNAVAILABLE:
@@ -172,7 +172,7 @@ class ModelVersion:
             self._complete_stream(job, result, now, error)
             return
         if outputs is None or result is None or error is not None:
-            self.stats.record_failure(now - request.received_ns, _failure_reason(error))
+            self.stats.record_failure(now - request.received_ns, failure_reason(error))
             if error is not None and not future.done():
                 future.set_exception(error)
             return
@@ -212,7 +212,7 @@ class ModelVersion:
         stream = job.stream
         assert isinstance(stream, ResponseStream)
         if result is None or error is not None:
-            self.stats.record_failure(now - request.received_ns, _failure_reason(error))
+            self.stats.record_failure(now - request.received_ns, failure_reason(error))
             stream.put(None, error or unavailable("request cancelled"), True)
         else:
             self._record_success(job, result, now)

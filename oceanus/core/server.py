@@ -32,15 +32,28 @@ from oceanus.core.observability.tracing import SpanExporter, TraceConfig, TraceM
 from oceanus.core.repository import loader as repository
 from oceanus.core.repository.manager import ModelManager
 from oceanus.core.response_cache import ResponseCache, cacheable
+from oceanus.core.scheduling.instance import ThreadBatches
 from oceanus.core.scheduling.rate_limiter import RateLimiter, ResourceLimit
 from oceanus.core.shared_memory import SharedMemoryManager
-from oceanus.core.types import InferRequest, InferResponse
+from oceanus.core.types import InferRequest, InferResponse, is_number
 
 log = logging.getLogger("oceanus.core")
 
 SERVER_NAME = "oceanus"
 # Triton's refusal of a decoupled model on a one-response call; `caller` names the call.
 DECOUPLED_UNSUPPORTED = "{caller} doesn't support models with decoupled transaction policy"
+
+
+# A model key as clients see it (without the namespace of --model-namespacing): part of the
+# core's face, so that frontends need not reach into the repository code.
+display_name = repository.display_name
+
+
+def batches_on_threads() -> int:
+    """How many batches execute on instance threads right now, in this process: busy polling
+    (frontends/http/busy_poll.py) stays off meanwhile, so as not to take a computing model's
+    CPU."""
+    return ThreadBatches.executing
 
 
 @dataclass
@@ -371,7 +384,7 @@ class ServerCore:
             if entry is None or entry.highest_ready() is None:
                 raise invalid_arg(f"requested model '{name}' is not available")
             if version:
-                found = entry.versions.get(int(version)) if repository.is_number(version) else None
+                found = entry.versions.get(int(version)) if is_number(version) else None
                 if found is None or not found.ready:
                     raise invalid_arg(
                         f"requested model version is not available for model '{name}'"

@@ -63,3 +63,10 @@ class InferResponse:
     # Per requested output parameters, echoed from the request so frontends can honour them.
     requested: dict[str, RequestedOutput] | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def is_number(text: str) -> bool:
+    """Whether `text` is a non-negative integer in ASCII digits: version numbers and tensor
+    indices are, while str.isdigit() also takes superscript digits (which int() refuses) and
+    Arabic-Indic ones (which int() reads as numbers)."""
+    return text.isascii() and text.isdigit()

@@ -12,7 +12,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from oceanus.backends._common import config_dims
 from oceanus.core import datatypes
 from oceanus.core.errors import invalid_arg
-from oceanus.core.repository.loader import is_number
+from oceanus.core.types import is_number
 
 # ModelConfig datatype -> torch dtype: every datatype this torch can hold in a tensor.
 TORCH_TYPES: dict[str, torch.dtype] = {

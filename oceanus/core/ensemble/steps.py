@@ -22,7 +22,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from oceanus.core.clock import MONOTONIC, Clock
 from oceanus.core.ensemble.stream import check_decoupled_steps, stream_ensemble
 from oceanus.core.errors import InferenceServerError, internal, invalid_arg, unavailable
-from oceanus.core.model import ModelState, ModelVersion, _failure_reason
+from oceanus.core.model import ModelState, ModelVersion, failure_reason
 from oceanus.core.observability.tracing import ModelActivity
 from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from oceanus.core.validation import validate_request
@@ -405,12 +405,12 @@ class EnsembleVersion(ModelVersion):
         self._inflight += 1
         try:
             try:
-                tensors = await self._execute(request, given)
+                tensors = await self.run_steps(request, given)
             except asyncio.CancelledError:
                 self._finish(request, "CANCELED")
                 raise
             except InferenceServerError as exc:
-                self._finish(request, _failure_reason(exc))
+                self._finish(request, failure_reason(exc))
                 raise
             self._finish(request, None, rows)
             outputs = {name: array for name, (_, array) in tensors.items() if name in self.outputs}
@@ -433,7 +433,7 @@ class EnsembleVersion(ModelVersion):
                 ModelActivity(self.name, self.version, request.id, stamps, [])
             )
 
-    async def _execute(
+    async def run_steps(
         self,
         request: InferRequest,
         given: dict[str, tuple[str, np.ndarray]],

@@ -20,7 +20,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core.errors import InferenceServerError, invalid_arg
-from oceanus.core.model import _failure_reason
+from oceanus.core.model import failure_reason
 from oceanus.core.types import InferRequest, InferResponse
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ async def stream_ensemble(
     failure: str | None = "CANCELED"
     try:
         step = ensemble.streamed_step()
-        tensors = await ensemble._execute(request, given, skip=step)
+        tensors = await ensemble.run_steps(request, given, skip=step)
         if step is None:  # declared decoupled, with no decoupled step: one response
             outputs = {n: a for n, (_, a) in tensors.items() if n in ensemble.outputs}
             response = ensemble._response(request, outputs)
@@ -106,7 +106,7 @@ async def stream_ensemble(
     except asyncio.CancelledError:
         raise
     except InferenceServerError as exc:
-        failure = _failure_reason(exc)
+        failure = failure_reason(exc)
         raise
     finally:
         ensemble._inflight -= 1

@@ -27,6 +27,7 @@ from oceanus.core.backend_registry import BackendRegistry
 from oceanus.core.ensemble import steps as ensemble
 from oceanus.core.errors import InferenceServerError, invalid_arg
 from oceanus.core.repository import model_config
+from oceanus.core.types import is_number
 
 log = logging.getLogger("oceanus.core.repository")
 
@@ -75,13 +76,6 @@ def key_near(name: str, folder: Path, keys: Iterable[str]) -> str:
     when the name is namespaced (ensembles resolve their steps within their repository)."""
     own = f"{folder.parent}{NAMESPACE_SEPARATOR}{name}"
     return own if own in set(keys) else name
-
-
-def is_number(text: str) -> bool:
-    """Whether `text` is a non-negative integer in ASCII digits: version numbers and tensor
-    indices are, while str.isdigit() also takes superscript digits (which int() refuses) and
-    Arabic-Indic ones (which int() reads as numbers)."""
-    return text.isascii() and text.isdigit()
 
 
 def version_folders(model_dir: Path) -> dict[int, Path]:

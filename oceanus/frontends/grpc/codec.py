@@ -19,10 +19,9 @@ from tritonclient.grpc import service_pb2 as pb
 from oceanus.core import datatypes
 from oceanus.core.datatypes import DataType
 from oceanus.core.errors import InferenceServerError, invalid_arg
-from oceanus.core.repository.loader import is_number
 from oceanus.core.shared_memory import NO_REGIONS, SharedMemoryManager, as_unsigned
 from oceanus.core.tensor_bytes import array_from_bytes, array_to_bytes
-from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
+from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor, is_number
 
 # Requests at least this large are split so their tensors are not copied out of the message.
 ZERO_COPY_THRESHOLD = 256 * 1024

@@ -13,9 +13,8 @@ from typing import Any
 
 from oceanus.core.errors import InferenceServerError, internal, invalid_arg, unsupported
 from oceanus.core.observability.tracing import Trace, TraceSettingError
-from oceanus.core.repository.loader import is_number
 from oceanus.core.server import DECOUPLED_UNSUPPORTED, ServerCore
-from oceanus.core.types import InferRequest, InferResponse
+from oceanus.core.types import InferRequest, InferResponse, is_number
 from oceanus.frontends.decoding import DECODE_ON_THREAD_BYTES
 from oceanus.frontends.header_forward import HeaderForward
 from oceanus.frontends.http import codec, generate, shared_memory

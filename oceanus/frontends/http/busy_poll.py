@@ -25,7 +25,7 @@ import asyncio
 import os
 import time
 
-from oceanus.core.scheduling.instance import ThreadBatches
+from oceanus.core.server import batches_on_threads
 
 DEFAULT_BUDGET_US = 200
 
@@ -51,7 +51,7 @@ class BusyPoll:
     def response_sent(self) -> None:
         now = time.monotonic_ns()
         self._last_sent_ns = now
-        if not self._worth_it or ThreadBatches.executing:
+        if not self._worth_it or batches_on_threads():
             return
         self._deadline_ns = now + self._budget_ns  # each response extends a running poll
         if not self.polling:
@@ -59,7 +59,7 @@ class BusyPoll:
             self._loop.call_soon(self._poll)
 
     def _poll(self) -> None:
-        if ThreadBatches.executing or time.monotonic_ns() >= self._deadline_ns:
+        if batches_on_threads() or time.monotonic_ns() >= self._deadline_ns:
             self.polling = False
             return
         self.turns += 1

@@ -16,9 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from oceanus.core.errors import InferenceServerError, invalid_arg
-from oceanus.core.repository.loader import is_number
 from oceanus.core.shared_memory import SharedMemoryManager
-from oceanus.core.types import InferRequest
+from oceanus.core.types import InferRequest, is_number
 from oceanus.frontends.http import codec
 from oceanus.frontends.http.protocol import Headers, HttpRequest, HttpResponse
 from oceanus.frontends.http.responses import JSON, HttpError, error_of

@@ -22,8 +22,7 @@ from oceanus import __version__
 from oceanus.core.errors import InferenceServerError
 from oceanus.core.model import ModelEntry, ModelVersion
 from oceanus.core.observability.statistics import ModelStatistics
-from oceanus.core.repository import loader as repository
-from oceanus.core.server import ServerCore
+from oceanus.core.server import ServerCore, display_name
 from oceanus.frontends.metrics.process import ProcessSampler, count_connections
 from oceanus.frontends.metrics.system import SystemMetrics
 
@@ -113,7 +112,7 @@ def models(core: ServerCore, folders: Iterable[str] = ()) -> list[dict[str, Any]
         out.append(
             {
                 "key": key,
-                "name": repository.display_name(key),
+                "name": display_name(key),
                 "version": "",
                 "state": "UNAVAILABLE" if error else "UNLOADED",
                 "reason": error,
