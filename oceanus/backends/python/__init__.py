@@ -4,7 +4,7 @@ Server side:
 - `backend.py`      PythonBackend: the model file, auto-complete (in a short-lived stub)
 - `instance.py`     PythonInstance: drives one stub (start, watchdog, restart, health,
                     is_ready, execute_requests, execute timeout, close)
-- `stub.py`         starting a stub process (rings, socketpair, Init until Ready)
+- `stub_launcher.py` starting a stub process (rings, socketpair, Init until Ready)
 - `batches.py`      what is in flight: a batch's Exec, where Result / Response go
 - `dispatch.py`     which part of the backend each message from a stub goes to
 - `server_calls.py` BLS requests and pb_utils calls, through the core's ServerHandle
@@ -12,7 +12,7 @@ Both sides:
 - `messages.py`     the typed messages between server and stub
 - `transport.py`    their channel and rings (oceanus.ipc, bound to these messages)
 Stub side:
-- `worker.py`       the stub process (`python -m oceanus.backends.python.pb_stub FD`)
+- `pb_stub.py`      the stub process (`python -m oceanus.backends.python.pb_stub FD`)
 - `model_code.py`   import model.py, run its coroutines, check what it returns, format errors
 - `utils.py`, `pb/` the `triton_python_backend_utils` API model.py files import
 

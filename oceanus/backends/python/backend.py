@@ -1,9 +1,9 @@
 """The Python backend: Triton's `model.py` models, each instance in its own stub process.
 
 This module checks and completes configs (a model's `auto_complete_config` runs in a one-off
-stub); instance.py drives an instance's stub, stub.py starts one, server_calls.py serves what a
-model asks of the server (BLS, model control, custom metrics), messages.py is what they send
-each other over transport.py, and worker.py is the stub process itself. pb_utils, the API
+stub); instance.py drives an instance's stub, stub_launcher.py starts one, server_calls.py serves
+what a model asks of the server (BLS, model control, custom metrics), messages.py is what they send
+each other over transport.py, and pb_stub.py is the stub process itself. pb_utils, the API
 model.py files import, is utils.py over the pb/ package. See docs/python-backend.md.
 """
 

@@ -51,7 +51,7 @@ class Batch:
     __slots__ = ("batch_id", "done", "jobs", "keys", "result")
 
     def __init__(self, jobs: Sequence[RequestJob], keys: list[int]) -> None:
-        self.batch_id = 0  # set when sent (a resend after a worker's death gets a new one)
+        self.batch_id = 0  # set when sent (a resend after a stub's death gets a new one)
         self.jobs = jobs
         self.keys = keys
         self.done = False

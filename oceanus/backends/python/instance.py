@@ -1,4 +1,4 @@
-"""One Python model instance, server side: drives its stub process (stub.py), one at a time.
+"""One Python model instance, server side: drives its stub process, one at a time.
 
 `execute_requests` is called on the instance's thread with the batch the scheduler formed; it
 writes the inputs to the stub's shared-memory ring, sends one Exec message and waits for the

@@ -1,4 +1,4 @@
-"""The messages between the server and a Python worker process, one typed structure per kind.
+"""The messages between the server and a Python stub process, one typed structure per kind.
 
 Each is a NamedTuple whose last field, `kind`, is its number on the wire (senders never write
 it). On the wire a message is its plain tuple framed with `marshal` (oceanus.ipc.channel); the
@@ -49,7 +49,7 @@ def is_error(payload: Payload) -> TypeIs[ErrorPayload]:
     return payload[0] == "err"
 
 
-# ---- server -> worker ----------------------------------------------------------------------------
+# ---- server -> stub ----------------------------------------------------------------------------
 
 
 class Init(NamedTuple):
@@ -58,15 +58,15 @@ class Init(NamedTuple):
     model_path: str
     args: dict[str, str]  # Triton's `args` for initialize()
     decoupled: bool
-    s2w: str  # the server -> worker ring file
-    w2s: str  # the worker -> server ring file
+    s2w: str  # the server -> stub ring file
+    w2s: str  # the stub -> server ring file
     capacity: int
     spill_prefix: str  # one-off files for messages too big for the ring
     kind: int = 1
 
 
 class Autocomplete(NamedTuple):
-    """Call the model's auto_complete_config on a config (a one-off worker)."""
+    """Call the model's auto_complete_config on a config (a one-off stub)."""
 
     model_path: str
     config_json: str
@@ -119,7 +119,7 @@ class Finalize(NamedTuple):
     kind: int = 8
 
 
-# ---- worker -> server ----------------------------------------------------------------------------
+# ---- stub -> server ----------------------------------------------------------------------------
 
 
 class Ready(NamedTuple):

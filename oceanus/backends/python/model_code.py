@@ -1,5 +1,5 @@
-"""The model's own code as a worker runs it, by the rules of Triton's stub: import model.py, run
-its coroutines on the worker's asyncio loop, check what `execute` returns, and print its
+"""The model's own code as a stub runs it, by the rules of Triton's stub: import model.py, run
+its coroutines on the stub's asyncio loop, check what `execute` returns, and print its
 exceptions the way the stub does."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ _PLUMBING = tuple(
 
 
 def _is_plumbing(filename: str) -> bool:
-    """Frames of the worker, asyncio or the import system, which the model's author did not
+    """Frames of the stub, asyncio or the import system, which the model's author did not
     write."""
     return filename.startswith("<frozen") or os.path.abspath(filename).startswith(_PLUMBING)
 

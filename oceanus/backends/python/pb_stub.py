@@ -1,4 +1,5 @@
-"""The worker process of one Python model instance: `python -m oceanus.backends.python.pb_stub FD`.
+"""The stub: the process of one Python model instance (Triton's word for it),
+`python -m oceanus.backends.python.pb_stub FD`.
 
 FD is this end of a socketpair to the server. The first message is INIT (load model.py, call
 `initialize`, answer READY) or AUTOCOMPLETE (call `auto_complete_config`, answer, exit).
@@ -270,7 +271,7 @@ class PbStub(runtime.Runtime):
         self.channel.send(msg.Ready(None, callable(getattr(self.model, "is_ready", None))))
 
     def _await(self, coroutine: Any) -> Any:
-        """Run a coroutine on the worker's loop and wait for it, reading messages meanwhile (the
+        """Run a coroutine on the stub's loop and wait for it, reading messages meanwhile (the
         coroutine may be waiting for a BLS response)."""
         future = self.runner.run(coroutine)
         future.add_done_callback(lambda _: self.mailbox.poke())
@@ -442,18 +443,18 @@ def main() -> None:
     sock = socket.socket(fileno=fd)
     sock.set_inheritable(False)
     channel = tp.Channel(sock)
-    # model.py files import this name; inside a worker it is the real implementation.
+    # model.py files import this name; inside a stub it is the real implementation.
     sys.modules.setdefault("triton_python_backend_utils", pb)
     message = channel.recv()
     if isinstance(message, msg.Autocomplete):
         autocomplete(channel, message)
         return
     assert isinstance(message, msg.Init)
-    worker = PbStub(channel)
-    runtime.install(worker)
-    worker.initialize(message)
-    threading.Thread(target=worker.mailbox.standby, name="standby-reader", daemon=True).start()
-    worker.serve()
+    stub = PbStub(channel)
+    runtime.install(stub)
+    stub.initialize(message)
+    threading.Thread(target=stub.mailbox.standby, name="standby-reader", daemon=True).start()
+    stub.serve()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -228,7 +228,7 @@ def _bls_reply(
 
 
 def on_metric(metrics: MetricOwner, message: msg.MetricUpdate) -> None:
-    """A metric update or deletion (no answer: the worker checked what it could)."""
+    """A metric update or deletion (no answer: the stub checked what it could)."""
     number, operation = message.metric_id, message.operation
     if operation in _METRIC_UPDATES:
         metrics.update(number, operation, message.value)
@@ -239,7 +239,7 @@ def on_metric(metrics: MetricOwner, message: msg.MetricUpdate) -> None:
 
 
 def answer(channel: tp.Channel, call_id: int, error: str | None, result: Any) -> None:
-    with contextlib.suppress(OSError):  # the worker is gone
+    with contextlib.suppress(OSError):  # the stub is gone
         channel.send(msg.CallAnswer(call_id, error, result))
 
 

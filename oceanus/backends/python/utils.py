@@ -1,8 +1,8 @@
 """The `triton_python_backend_utils` API that model.py files import (as `pb_utils`).
 
 Written for Oceanus after Triton's Python backend documentation: the same names, signatures and
-behaviour, so model.py files written for Triton run unchanged. Inside a worker process the
-top-level module `triton_python_backend_utils` is this module. Outside a worker (in a unit test,
+behaviour, so model.py files written for Triton run unchanged. Inside a stub process the
+top-level module `triton_python_backend_utils` is this module. Outside a stub (in a unit test,
 say) everything works except what needs the server: BLS `exec`, response senders, cancellation
 queries and logging to the server log (which then goes to Python's logging).
 

@@ -1,5 +1,5 @@
 """pb_utils' custom metrics (MetricFamily, Metric): their values live in the server, which
-exports them on /metrics; operations travel through the worker's runtime."""
+exports them on /metrics; operations travel through the stub's runtime."""
 
 from __future__ import annotations
 

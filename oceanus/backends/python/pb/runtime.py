@@ -1,8 +1,8 @@
-"""What only a worker process can do for pb_utils (the server's log, BLS, response senders,
-custom metrics, model control), behind one object the worker installs; and the pb_utils calls
+"""What only a stub process can do for pb_utils (the server's log, BLS, response senders,
+custom metrics, model control), behind one object the stub installs; and the pb_utils calls
 that go through it: logging and the model loading API.
 
-Outside a worker (a model.py's own unit tests) the default Runtime answers what it can locally.
+Outside a stub (a model.py's own unit tests) the default Runtime answers what it can locally.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 class Runtime:
-    """What only the worker process can do; the worker installs a subclass."""
+    """What only the stub process can do; the stub installs a subclass."""
 
     model_name = ""
 
@@ -45,7 +45,7 @@ class Runtime:
             return False
         raise TritonModelException(f"pb_utils.{operation} works only inside a running model")
 
-    # Custom metrics: outside a worker they live in this process.
+    # Custom metrics: outside a stub they live in this process.
     _metrics: Any = None
 
     def _metric_owner(self) -> Any:
@@ -80,7 +80,7 @@ class Runtime:
             owner.delete_metric(number)
 
     def wait(self, done: Any) -> None:
-        """Block until done() (the worker reads its messages meanwhile)."""
+        """Block until done() (the stub reads its messages meanwhile)."""
 
     def poke(self) -> None:
         """Something a waiter may be waiting for happened."""
@@ -90,7 +90,7 @@ _current = Runtime()
 
 
 def current() -> Runtime:
-    """The runtime in use: the worker's, once it installed it."""
+    """The runtime in use: the stub's, once it installed it."""
     return _current
 
 
