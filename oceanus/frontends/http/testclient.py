@@ -62,7 +62,10 @@ class HttpTestClient:
     async def arequest(
         self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
     ) -> Reply:
-        given = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
+        given = [
+            (name.encode("latin-1"), value.encode("latin-1"))
+            for name, value in (headers or {}).items()
+        ]
         # As the protocol builds it: lower-case names (the last of a repeated one wins), the
         # names as written kept where they differ, the query string cut off.
         lowered = {name.lower(): value for name, value in given}
@@ -99,5 +102,7 @@ async def _gather(outcome: Streamed) -> Reply:
 
 
 def _reply(response: HttpResponse, body: bytes) -> Reply:
-    headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in response.headers}
+    headers = {
+        name.decode("latin-1").lower(): value.decode("latin-1") for name, value in response.headers
+    }
     return Reply(response.status, headers, body)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import http.client
 import json
 import socket
 import struct
@@ -15,6 +16,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 
 from oceanus.frontends.http import protocol
@@ -294,3 +296,46 @@ def test_a_big_body_is_decoded_while_other_requests_are_served(server: Any) -> N
         assert "expected 2 inputs but got 1 inputs" in body_of(answer)["error"]
     finally:
         big.close()
+
+
+def test_body_over_max_input_size(model_repository: Any, launch: Any) -> None:
+    server = launch([model_repository], ["--http-max-input-size=1000", "--allow-grpc=false"])
+    big = orjson.dumps(_simple_request()) + b" " * 2000
+    status, _, answer = _post(server, "/v2/models/simple/infer", big)
+    assert status == 400
+    assert "exceeds the maximum allowed value of 1000 bytes" in answer["error"]
+    # a gzip bomb is refused the same way, after decompressing at most the limit
+    status, _, answer = _post(
+        server, "/v2/models/simple/infer", gzip.compress(big), {"Content-Encoding": "gzip"}
+    )
+    assert status == 400
+    assert "exceeds the maximum allowed value of 1000 bytes" in answer["error"]
+
+
+def test_server_keeps_serving_after_errors(server: Any) -> None:
+    for _ in range(3):
+        _post(server, "/v2/models/simple/infer", b"{broken")
+    status, _, answer = _post(server, "/v2/models/simple/infer", orjson.dumps(_simple_request()))
+    assert status == 200
+    assert answer["outputs"][0]["data"][0] == 1
+
+
+def _simple_request() -> dict[str, Any]:
+    data = list(range(16))
+    return {
+        "inputs": [
+            {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": data},
+            {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": [1] * 16},
+        ]
+    }
+
+
+def _post(
+    server: Any, path: str, body: bytes, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], dict[str, Any]]:
+    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
+    connection.request("POST", path, body=body, headers=headers or {})
+    response = connection.getresponse()
+    data = response.read()
+    connection.close()
+    return response.status, {k.lower(): v for k, v in response.getheaders()}, orjson.loads(data)

@@ -152,22 +152,6 @@ def test_repository_index(server: Any) -> None:
     assert all(e["state"] == "READY" for e in orjson.loads(body))
 
 
-def test_unknown_paths_and_methods(server: Any) -> None:
-    assert raw(server, "GET", "/v2/foo")[0] == 404
-    assert raw(server, "GET", "/foo")[0] == 404
-    assert raw(server, "POST", "/v2/health/live")[0] == 405
-    assert raw(server, "GET", "/v2/models/simple/infer")[0] == 405
-    assert raw(server, "DELETE", "/v2/models/simple")[0] == 405
-    status, _, body = raw(server, "GET", "/v2/models/no_such_model")
-    assert status == 404
-    assert orjson.loads(body) == {
-        "error": "Request for unknown model: 'no_such_model' is not found"
-    }
-    status, _, body = raw(server, "GET", "/v2/models/simple/versions/7")
-    assert status == 404
-    assert "version 7 is not found" in orjson.loads(body)["error"]
-
-
 def test_logging_extension_changes_settings_at_run_time(model_repository: Any, launch: Any) -> None:
     server = launch([model_repository], ["--allow-grpc=false", "--allow-metrics=false"])
     status, _, body = raw(server, "GET", "/v2/logging")
@@ -188,17 +172,3 @@ def test_logging_extension_changes_settings_at_run_time(model_repository: Any, l
     client.update_log_settings({"log_verbose_level": 0})
     assert client.get_log_settings()["log_verbose_level"] == 0
     assert "logging" in client.get_server_metadata()["extensions"]
-
-
-def test_strict_routing_like_triton(server: Any) -> None:
-    for path in (
-        "/v2/",
-        "/v2/models",
-        "/v2/models/",
-        "/v2/models/simple/",
-        "/v2/health",
-        "/v2/models/simple/versions/abc",
-        "/v2/models/simple/versions/-1",
-    ):
-        status, _, body = raw(server, "GET", path)
-        assert (status, orjson.loads(body)) == (404, {"error": "Not Found"}), path

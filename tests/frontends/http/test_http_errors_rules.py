@@ -1,15 +1,16 @@
-"""Bad requests get Triton's status and wording (4xx where Triton blames itself with a 500),
-and the server keeps serving. Texts recorded from Triton 2.51 in
-docs/triton-reference-behaviour.md."""
+"""Bad requests get Triton's status and wording (4xx where Triton blames itself with a 500).
+Texts recorded from Triton 2.51 in docs/triton-reference-behaviour.md. In process, through the
+HTTP frontend's own seam (HttpTestClient): these are the frontend's rules, not the socket's; the
+limits the protocol enforces and serving on after errors are in test_hostile_http.py."""
 
 from __future__ import annotations
 
-import gzip
-import http.client
 from typing import Any
 
 import orjson
 import pytest
+
+from oceanus.frontends.http.testclient import HttpTestClient
 
 PREFIX = "[request id: <id_unknown>] "
 NOTE = (
@@ -21,14 +22,10 @@ NOTE = (
 
 
 def post(
-    server: Any, path: str, body: bytes, headers: dict[str, str] | None = None
+    client: HttpTestClient, path: str, body: bytes, headers: dict[str, str] | None = None
 ) -> tuple[int, dict[str, str], dict[str, Any]]:
-    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
-    connection.request("POST", path, body=body, headers=headers or {})
-    response = connection.getresponse()
-    data = response.read()
-    connection.close()
-    return response.status, {k.lower(): v for k, v in response.getheaders()}, orjson.loads(data)
+    reply = client.post(path, body, headers)
+    return reply.status, reply.headers, reply.json()
 
 
 def simple_request(**overrides: Any) -> dict[str, Any]:
@@ -167,7 +164,7 @@ CASES = [
 
 @pytest.mark.parametrize("description, document, status, error", CASES, ids=[c[0] for c in CASES])
 def test_bad_json_requests(
-    server: Any, description: str, document: Any, status: int, error: str | None
+    http_client: HttpTestClient, description: str, document: Any, status: int, error: str | None
 ) -> None:
     if isinstance(document, dict) and description == "no data":
         del document["inputs"][0]["data"]
@@ -176,7 +173,7 @@ def test_bad_json_requests(
             "'parameters', 'shared_memory_region' in 'parameters'. But no field is set"
         )
     body = document if isinstance(document, bytes) else orjson.dumps(document)
-    got_status, headers, answer = post(server, "/v2/models/simple/infer", body)
+    got_status, headers, answer = post(http_client, "/v2/models/simple/infer", body)
     assert got_status == status
     assert headers["content-type"] == "application/json"
     if error is None:
@@ -209,10 +206,10 @@ def binary_body(
     return header + bytes(data_bytes) + extra, str(len(header))
 
 
-def test_binary_body_too_short(server: Any) -> None:
+def test_binary_body_too_short(http_client: HttpTestClient) -> None:
     body, size = binary_body(data_bytes=124)
     status, _, answer = post(
-        server, "/v2/models/simple/infer", body, {"Inference-Header-Content-Length": size}
+        http_client, "/v2/models/simple/infer", body, {"Inference-Header-Content-Length": size}
     )
     assert status == 400
     assert answer == {
@@ -221,19 +218,19 @@ def test_binary_body_too_short(server: Any) -> None:
     }
 
 
-def test_binary_body_too_long(server: Any) -> None:
+def test_binary_body_too_long(http_client: HttpTestClient) -> None:
     body, size = binary_body(extra=b"\0" * 4)
     status, _, answer = post(
-        server, "/v2/models/simple/infer", body, {"Inference-Header-Content-Length": size}
+        http_client, "/v2/models/simple/infer", body, {"Inference-Header-Content-Length": size}
     )
     assert status == 400
     assert answer == {"error": "unexpected additional input data for model 'simple'"}
 
 
-def test_binary_size_not_matching_shape(server: Any) -> None:
+def test_binary_size_not_matching_shape(http_client: HttpTestClient) -> None:
     body, size = binary_body(first_size=60, data_bytes=124)
     status, _, answer = post(
-        server, "/v2/models/simple/infer", body, {"Inference-Header-Content-Length": size}
+        http_client, "/v2/models/simple/infer", body, {"Inference-Header-Content-Length": size}
     )
     assert status == 400
     assert answer == {
@@ -243,10 +240,10 @@ def test_binary_size_not_matching_shape(server: Any) -> None:
 
 
 @pytest.mark.parametrize("value", ["abc", "-5", "100000"])
-def test_bad_header_length(server: Any, value: str) -> None:
+def test_bad_header_length(http_client: HttpTestClient, value: str) -> None:
     body, _ = binary_body()
     status, _, answer = post(
-        server, "/v2/models/simple/infer", body, {"Inference-Header-Content-Length": value}
+        http_client, "/v2/models/simple/infer", body, {"Inference-Header-Content-Length": value}
     )
     assert status == 400
     if value == "abc":
@@ -257,7 +254,7 @@ def test_bad_header_length(server: Any, value: str) -> None:
         }
 
 
-def test_incomplete_bytes_element(server: Any) -> None:
+def test_incomplete_bytes_element(http_client: HttpTestClient) -> None:
     blob = (100).to_bytes(4, "little") + b"ab"
     header = orjson.dumps(
         {
@@ -272,7 +269,7 @@ def test_incomplete_bytes_element(server: Any) -> None:
         }
     )
     status, _, answer = post(
-        server,
+        http_client,
         "/v2/models/identity_bytes/infer",
         header + blob,
         {"Inference-Header-Content-Length": str(len(header))},
@@ -284,11 +281,11 @@ def test_incomplete_bytes_element(server: Any) -> None:
     }
 
 
-def test_fp16_json_in_and_out(server: Any) -> None:
+def test_fp16_json_in_and_out(http_client: HttpTestClient) -> None:
     document = {
         "inputs": [{"name": "INPUT0", "datatype": "FP16", "shape": [1, 2], "data": [1.0, 2.0]}]
     }
-    status, _, answer = post(server, "/v2/models/identity_fp16/infer", orjson.dumps(document))
+    status, _, answer = post(http_client, "/v2/models/identity_fp16/infer", orjson.dumps(document))
     assert status == 400
     assert answer == {
         "error": "receiving FP16 data via JSON is not supported. Please use the "
@@ -307,7 +304,7 @@ def test_fp16_json_in_and_out(server: Any) -> None:
         }
     )
     status, _, answer = post(
-        server,
+        http_client,
         "/v2/models/identity_fp16/infer",
         header + bytes(4),
         {"Inference-Header-Content-Length": str(len(header))},
@@ -319,25 +316,25 @@ def test_fp16_json_in_and_out(server: Any) -> None:
     }
 
 
-def test_unknown_model_and_version(server: Any) -> None:
+def test_unknown_model_and_version(http_client: HttpTestClient) -> None:
     body = orjson.dumps(simple_request())
-    status, _, answer = post(server, "/v2/models/nonexistent/infer", body)
+    status, _, answer = post(http_client, "/v2/models/nonexistent/infer", body)
     assert (status, answer) == (
         404,
         {"error": "Request for unknown model: 'nonexistent' is not found"},
     )
-    status, _, answer = post(server, "/v2/models/simple/versions/7/infer", body)
+    status, _, answer = post(http_client, "/v2/models/simple/versions/7/infer", body)
     assert (status, answer) == (
         404,
         {"error": "Request for unknown model: 'simple' version 7 is not found"},
     )
-    status, _, answer = post(server, "/v2/models/simple/versions/abc/infer", body)
+    status, _, answer = post(http_client, "/v2/models/simple/versions/abc/infer", body)
     assert (status, answer) == (404, {"error": "Not Found"})
 
 
-def test_unsupported_content_encoding_is_501(server: Any) -> None:
+def test_unsupported_content_encoding_is_501(http_client: HttpTestClient) -> None:
     status, headers, answer = post(
-        server,
+        http_client,
         "/v2/models/simple/infer",
         orjson.dumps(simple_request()),
         {"Content-Encoding": "br"},
@@ -347,57 +344,67 @@ def test_unsupported_content_encoding_is_501(server: Any) -> None:
     assert headers["accept-encoding"] == "gzip, deflate"
 
 
-def test_corrupt_gzip_body(server: Any) -> None:
+def test_corrupt_gzip_body(http_client: HttpTestClient) -> None:
     status, _, answer = post(
-        server, "/v2/models/simple/infer", b"not gzip at all", {"Content-Encoding": "gzip"}
+        http_client, "/v2/models/simple/infer", b"not gzip at all", {"Content-Encoding": "gzip"}
     )
     assert status == 400
     assert answer["error"].startswith("failed to decompress the request body")
 
 
-def test_body_over_max_input_size(model_repository: Any, launch: Any) -> None:
-    server = launch([model_repository], ["--http-max-input-size=1000", "--allow-grpc=false"])
-    big = orjson.dumps(simple_request()) + b" " * 2000
-    status, _, answer = post(server, "/v2/models/simple/infer", big)
-    assert status == 400
-    assert "exceeds the maximum allowed value of 1000 bytes" in answer["error"]
-    # a gzip bomb is refused the same way, after decompressing at most the limit
-    status, _, answer = post(
-        server, "/v2/models/simple/infer", gzip.compress(big), {"Content-Encoding": "gzip"}
+def test_stats_of_unknown_model_and_version(http_client: HttpTestClient) -> None:
+    reply = http_client.get("/v2/models/nonexistent/stats")
+    assert (reply.status, reply.json()) == (
+        400,
+        {"error": "requested model 'nonexistent' is not available"},
     )
-    assert status == 400
-    assert "exceeds the maximum allowed value of 1000 bytes" in answer["error"]
+    reply = http_client.get("/v2/models/simple/versions/7/stats")
+    assert (reply.status, reply.json()) == (
+        400,
+        {"error": "requested model version is not available for model 'simple'"},
+    )
+    reply = http_client.get("/v2/models/nonexistent/ready")
+    assert (reply.status, reply.json()) == (400, {"error": "Model version not ready"})
 
 
-def test_server_keeps_serving_after_errors(server: Any) -> None:
-    for _ in range(3):
-        post(server, "/v2/models/simple/infer", b"{broken")
-    status, _, answer = post(server, "/v2/models/simple/infer", orjson.dumps(simple_request()))
-    assert status == 200
-    assert answer["outputs"][0]["data"][0] == 1
-
-
-def test_stats_of_unknown_model_and_version(server: Any) -> None:
-    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=10)
-    connection.request("GET", "/v2/models/nonexistent/stats")
-    response = connection.getresponse()
-    assert response.status == 400
-    assert orjson.loads(response.read()) == {
-        "error": "requested model 'nonexistent' is not available"
-    }
-    connection.request("GET", "/v2/models/simple/versions/7/stats")
-    response = connection.getresponse()
-    assert response.status == 400
-    assert orjson.loads(response.read()) == {
-        "error": "requested model version is not available for model 'simple'"
-    }
-    connection.request("GET", "/v2/models/nonexistent/ready")
-    response = connection.getresponse()
-    assert response.status == 400
-    assert orjson.loads(response.read()) == {"error": "Model version not ready"}
-
-
-def test_load_unload_in_mode_none(server: Any) -> None:
-    status, _, answer = post(server, "/v2/repository/models/simple/unload", b"")
+def test_load_unload_in_mode_none(http_client: HttpTestClient) -> None:
+    status, _, answer = post(http_client, "/v2/repository/models/simple/unload", b"")
     assert status == 503
     assert answer == {"error": "explicit model load / unload is not allowed if polling is enabled"}
+
+
+def test_unknown_paths_and_methods(http_client: HttpTestClient) -> None:
+    assert raw(http_client, "GET", "/v2/foo")[0] == 404
+    assert raw(http_client, "GET", "/foo")[0] == 404
+    assert raw(http_client, "POST", "/v2/health/live")[0] == 405
+    assert raw(http_client, "GET", "/v2/models/simple/infer")[0] == 405
+    assert raw(http_client, "DELETE", "/v2/models/simple")[0] == 405
+    status, _, body = raw(http_client, "GET", "/v2/models/no_such_model")
+    assert status == 404
+    assert orjson.loads(body) == {
+        "error": "Request for unknown model: 'no_such_model' is not found"
+    }
+    status, _, body = raw(http_client, "GET", "/v2/models/simple/versions/7")
+    assert status == 404
+    assert "version 7 is not found" in orjson.loads(body)["error"]
+
+
+def test_strict_routing_like_triton(http_client: HttpTestClient) -> None:
+    for path in (
+        "/v2/",
+        "/v2/models",
+        "/v2/models/",
+        "/v2/models/simple/",
+        "/v2/health",
+        "/v2/models/simple/versions/abc",
+        "/v2/models/simple/versions/-1",
+    ):
+        status, _, body = raw(http_client, "GET", path)
+        assert (status, orjson.loads(body)) == (404, {"error": "Not Found"}), path
+
+
+def raw(
+    client: HttpTestClient, method: str, path: str, body: bytes = b""
+) -> tuple[int, dict[str, str], bytes]:
+    reply = client.request(method, path, body)
+    return reply.status, reply.headers, reply.body
