@@ -8,7 +8,7 @@ Two option sets per framework:
   - ONNX Runtime (oceanus/backends/onnxruntime.py): one session per instance,
     ``intra_op_num_threads = cores // instance_count``, ``inter_op_num_threads = 1``, sequential
     execution, spinning disabled;
-  - PyTorch (oceanus/backends/pytorch.py): one ``torch.jit.load`` module per instance, called
+  - PyTorch (oceanus/backends/pytorch/): one ``torch.jit.load`` module per instance, called
     under ``torch.inference_mode()``; each instance thread touches ATen and then calls
     ``torch.set_num_threads(cores // instance_count)`` (per-thread in PyTorch's OpenMP builds);
   - OpenVINO (oceanus/backends/openvino.py): the IR with a dynamic batch dimension, compiled once

@@ -301,8 +301,9 @@ class OnnxRuntimeInstance(BatchInstance):
         # Only string tensors need converting on the way in and out (see _to_ort, _from_ort).
         self._converts = "tensor(string)" in types
         # The binding's own run() for CPU-only sessions: InferenceSession.run re-checks the
-        # feed the core has already validated (3-4 us a call, a tenth of a tiny model's path;
-        # bench/README.md) and adds an execution-provider fallback only GPU providers use.
+        # feed the core has already validated (a tenth of a tiny model's path; bench/README.md,
+        # "Figures behind code comments") and adds an execution-provider fallback only GPU
+        # providers use.
         binding = getattr(session, "_sess", None)
         if binding is not None and session.get_providers() == ["CPUExecutionProvider"]:
             options = ort.RunOptions()

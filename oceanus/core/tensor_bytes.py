@@ -21,8 +21,8 @@ _LENGTH = struct.Struct("<I").unpack_from
 def bytes_elements(name: str, chunk: bytes | memoryview | np.ndarray) -> np.ndarray:
     """Length-framed BYTES elements as a flat object array (Triton's texts when malformed).
 
-    The one BYTES decoder (HTTP, gRPC, the Python backend's rings); ~0.4 us an element, the
-    loop kept to struct and bytes slicing (int.from_bytes over memoryview slices took 1.2)."""
+    The one BYTES decoder (HTTP, gRPC, the Python backend's rings); its loop is kept to struct
+    and bytes slicing, the fastest way tried (bench/README.md, "Figures behind code comments")."""
     data = chunk if isinstance(chunk, bytes) else bytes(chunk)
     items: list[bytes] = []
     append = items.append

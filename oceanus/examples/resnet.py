@@ -4,9 +4,8 @@ Batch normalisation is folded into each convolution's weights and bias (as infer
 do), so every conv carries a bias and no BatchNormalization nodes appear. The weights are
 random: the model exercises the same compute as a real ResNet-50 but its labels are meaningless.
 
-Measured in-process with onnxruntime's CPU provider (default threads) on the 2-core dev
-machine: ~65 ms per image at batch 1 (~15 images/s) and ~0.7-0.85 s per batch of 8
-(~9-12 images/s); ~25.5M parameters, a ~100 MB file that takes ~2 s to generate.
+~25.5M parameters, a ~100 MB file; its speed in process is in bench/README.md ("Figures
+behind code comments") and `python bench/inproc.py --models resnet50_onnx` measures it.
 """
 
 from __future__ import annotations

@@ -117,9 +117,8 @@ def build_identity(suffix: str) -> onnx.ModelProto:
 
 # slow_fp32: a fixed amount of CPU work per execution, independent of batch size, so
 # scheduling/queueing tests get a model whose executions take tens of milliseconds.
-# SLOW_STEPS x ([256, 1024] @ [1024, 1024]) ~ SLOW_STEPS x 0.54 GFLOP; measured with
-# onnxruntime's CPU provider (default threads) on the 2-core dev machine: 6 steps take
-# ~25-30 ms per run (median), the same at batch 1, 8 and 64.
+# SLOW_STEPS x ([256, 1024] @ [1024, 1024]) ~ SLOW_STEPS x 0.54 GFLOP: tens of ms per run,
+# whatever the batch size (bench/README.md, "Figures behind code comments").
 SLOW_STEPS = 6
 _SLOW_ROWS = 256
 _SLOW_WIDTH = 1024

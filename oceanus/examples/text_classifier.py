@@ -20,10 +20,8 @@ SEED = 7
 
 SEQ_LEN = 128
 VOCAB = 8192
-# Sized for throughput, not accuracy (~5.4M parameters, 2.1M of them embeddings): in-process
-# ONNX Runtime (CPU provider, default threads) on the 2-core dev machine, seq len 128, runs
-# ~100-120 sequences/s at batch 8 (67-80 ms per run) and ~80-100/s at batch 1 (10-13 ms).
-# Three layers would give ~150/s at batch 8.
+# Sized for throughput, not accuracy (~5.4M parameters, 2.1M of them embeddings): tens of ms a
+# batch on a 2-core CPU (bench/README.md, "Figures behind code comments").
 HIDDEN = 256
 HEADS = 4
 LAYERS = 4

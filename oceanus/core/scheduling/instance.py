@@ -69,8 +69,8 @@ class BatchResult:
 
 
 # Batches whose mean execution time is below this run on the event loop instead of the instance's
-# thread: for a model this cheap (a tiny ONNX graph: 10-30 us) the two thread hops cost more
-# than the execution, and under load each hop waits for a CPU (measured in docs/architecture.md).
+# thread: for a model this cheap (a tiny ONNX graph) the two thread hops cost more than the
+# execution, and under load each hop waits for a CPU (docs/measurements.md, "Cheap models").
 INLINE_LIMIT_NS = 100_000
 
 BatchDone = Callable[["InstanceThread", list[Job], BatchResult], None]

@@ -4,9 +4,8 @@ letting it sleep, when the next request is likely to arrive within that while.
 Why: a request that arrives while the process sleeps in `epoll_wait` waits for its CPU to wake.
 On a virtual machine whose idle vCPU halts (cpuidle `haltpoll` with `guest_halt_poll_ns` 0, as on
 our 2-core CI machines), that wake-up and the cold CPU after it cost tens of microseconds per
-request. Measured with perf_analyzer at concurrency 1 on `simple` (docs/architecture.md,
-bench/busy_poll.py): p50 260-310 us sleeping, 190-245 us polling for up to 200 us; the same
-server and client pinned to one CPU (so that the CPU never idles) gave 193 us. This is the
+request; polling for a while after each response takes most of that back (figures:
+docs/measurements.md, "Busy polling"; `python bench/busy_poll.py`). This is the
 trade Linux's haltpoll and ONNX Runtime's spinning thread pools make: CPU time for latency.
 
 The poll runs on the loop itself, as a callback that re-schedules itself, so the loop keeps
