@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -305,6 +305,7 @@ class OnnxRuntimeInstance(BatchInstance):
         # "Figures behind code comments") and adds an execution-provider fallback only GPU
         # providers use.
         binding = getattr(session, "_sess", None)
+        self._run: Callable[[list[str], dict[str, Any]], list[Any]]
         if binding is not None and session.get_providers() == ["CPUExecutionProvider"]:
             options = ort.RunOptions()
             self._run = lambda names, feed: binding.run(names, feed, options)

@@ -183,7 +183,8 @@ def build_resnet() -> Any:
         def forward(self, INPUT__0: torch.Tensor) -> torch.Tensor:
             x = self.pool(torch.relu(self.stem(INPUT__0)))
             x = self.blocks(x)
-            return self.fc(torch.flatten(torch.mean(x, dim=(2, 3)), 1))
+            logits: torch.Tensor = self.fc(torch.flatten(torch.mean(x, dim=(2, 3)), 1))
+            return logits
 
     return torch.jit.script(ResNetSmall().eval())
 
@@ -245,7 +246,8 @@ def build_resnet50() -> Any:
         def forward(self, INPUT__0: torch.Tensor) -> torch.Tensor:
             x = self.pool(torch.relu(self.stem(INPUT__0)))
             x = self.blocks(x)
-            return self.fc(torch.flatten(torch.mean(x, dim=(2, 3)), 1))
+            logits: torch.Tensor = self.fc(torch.flatten(torch.mean(x, dim=(2, 3)), 1))
+            return logits
 
     model = ResNet50().eval()
     assert next(convs, None) is None, "every ONNX Conv has its torch layer"

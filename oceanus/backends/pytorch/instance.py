@@ -172,8 +172,10 @@ class PyTorchInstance(BatchInstance):
             value = value.cpu()
         value = value.contiguous()
         if value.dtype == torch.bfloat16:
-            return value.view(torch.int16).numpy().view(BF16)
-        return value.numpy()
+            bf16: np.ndarray = value.view(torch.int16).numpy().view(BF16)
+            return bf16
+        array: np.ndarray = value.numpy()
+        return array
 
     def close(self) -> None:
         self._module = None

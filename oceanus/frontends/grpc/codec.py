@@ -416,7 +416,8 @@ def encode_parameters(parameters: dict[str, Any]) -> bytes:
     message = pb.ModelInferResponse()
     for key, value in parameters.items():
         message.parameters[key].CopyFrom(_to_parameter(value))
-    return message.SerializeToString()
+    data: bytes = message.SerializeToString()
+    return data
 
 
 FINAL_RESPONSE_PARAMETER = encode_parameters({"triton_final_response": True})
@@ -478,6 +479,7 @@ def encode_stream_error(
     inner = pb.ModelInferResponse(id=request_id, model_name=model_name, model_version=model_version)
     if final:
         inner.parameters["triton_final_response"].bool_param = True
-    return pb.ModelStreamInferResponse(
+    data: bytes = pb.ModelStreamInferResponse(
         error_message=message, infer_response=inner
     ).SerializeToString()
+    return data

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -147,7 +147,7 @@ class WorkerGrpc:
         # Set on shutdown: open streams stop taking requests, answer the ones they have, end.
         self.draining = asyncio.Event()
 
-    def _forwarding(self, method: str) -> Any:
+    def _forwarding(self, method: str) -> Callable[[bytes, Context], Awaitable[bytes]]:
         client = self._client
 
         async def forward(data: bytes, context: Context) -> bytes:

@@ -254,7 +254,8 @@ class Tensor:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
-        return self._array
+        array: np.ndarray = self._array
+        return array
 
     def triton_dtype(self) -> int:
         return self._triton_dtype
@@ -309,7 +310,8 @@ def _bf16_dtype() -> np.dtype:
     try:
         import ml_dtypes
 
-        return np.dtype(ml_dtypes.bfloat16)
+        dtype: np.dtype = np.dtype(ml_dtypes.bfloat16)
+        return dtype
     except ImportError:  # pragma: no cover
         return np.dtype(np.uint16)
 
