@@ -144,7 +144,7 @@ class BackendInstance(ABC):  # noqa: B024 - abstract through its two subclasses
     or `RequestInstance`."""
 
     def healthy(self) -> bool:
-        """False while the instance cannot execute (a crashed worker being restarted): the
+        """False while the instance cannot execute (a crashed stub being restarted): the
         model then reports not ready."""
         return True
 

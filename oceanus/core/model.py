@@ -105,7 +105,7 @@ class ModelVersion:
         self.state = ModelState.READY
 
     def healthy(self) -> bool:
-        """Ready, and every instance able to execute (a Python model's crashed worker being
+        """Ready, and every instance able to execute (a Python model's crashed stub being
         restarted is not)."""
         return self.ready and all(w.instance.healthy() for w in self._workers)
 

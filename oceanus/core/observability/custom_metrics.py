@@ -5,8 +5,8 @@ Semantics are Triton core's (metric_family.cc over prometheus-cpp): families are
 second family of the same name and kind is the same family, its first description kept; another
 kind is an error), metrics by their labels (two owners asking for the same labels share one
 value, kept until both let go), counters only go up, gauges are set or moved, histograms observe.
-A family is exported only while it holds at least one metric. Owners (one per Python worker)
-release everything they hold when they go away (model unloaded, worker gone).
+A family is exported only while it holds at least one metric. Owners (one per Python stub)
+release everything they hold when they go away (model unloaded, stub gone).
 
 Thread-safe: owners update from their own threads, the metrics frontend reads `snapshot()` on the
 event loop at scrape time.
@@ -143,7 +143,7 @@ class CustomMetricRegistry:
 
 
 class MetricOwner:
-    """What one owner (a Python worker) created, by the ids it chose; `close()` lets go of all."""
+    """What one owner (a Python stub) created, by the ids it chose; `close()` lets go of all."""
 
     def __init__(self, registry: CustomMetricRegistry) -> None:
         self._registry = registry
