@@ -1,19 +1,14 @@
 """The rate limiter (core/scheduling/rate_limiter.py): Triton's resource accounting, errors and
-priority order as rules, then two sleeping Python instances that need one R1 each, in the core: with
+priority order as rules, then two fake instances that need one R1 each, in the core: with
 --rate-limit=execution_count and one R1 they run one after the other (the wait counted as
-queue time), with it off they run together (as Triton 2.51 does: docs/rate-limiter.md)."""
+queue time), with it off they run together (as Triton 2.51 does: docs/rate-limiter.md). The
+same with real Python models over the wire: tests/frontends/test_scheduling_wire.py."""
 
 from __future__ import annotations
 
-import asyncio
-import sys
-from pathlib import Path
-
-import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.backends import builtin
 from oceanus.cli import parse_args
 from oceanus.core.errors import InferenceServerError
 from oceanus.core.scheduling.rate_limiter import (
@@ -23,11 +18,9 @@ from oceanus.core.scheduling.rate_limiter import (
     parse_mode,
     parse_resource,
 )
-from oceanus.core.server import CoreOptions, ServerCore
-from oceanus.core.types import InferRequest, Tensor
-
-sys.path.insert(0, str(Path(__file__).parent))
-from scheduling_models import write_sleeper
+from oceanus.core.server import ServerCore
+from oceanus.core.types import InferResponse
+from tests.core.fakes import IO_FP32, World, outcome, rows
 
 
 def limits(
@@ -125,74 +118,63 @@ def test_lowest_execution_count_times_priority_goes_first() -> None:
     assert order == ["busy", "fast", "slow"]
 
 
-def _spans(repository: Path, *args: str) -> tuple[list[list[float]], dict[str, object]]:
-    """Two concurrent requests to the sleeper; each one's execution interval, and the stats."""
-    mode, resources = "off", []
-    if args:
-        mode, resources = args[0], [parse_resource(r) for r in args[1:]]
-
-    async def main() -> tuple[list[list[float]], dict[str, object]]:
-        core = ServerCore(
-            CoreOptions(
-                repositories=[repository],
-                backends=builtin.registry(),
-                rate_limit=mode,
-                rate_limit_resources=resources,
-            )
-        )
-        await core.start()
-        try:
-            assert core.model_ready("sleeper"), core.load_failures()
-
-            def request() -> InferRequest:
-                data = np.ones(1, np.float32)
-                return InferRequest("sleeper", inputs=[Tensor("IN", "FP32", (1,), data)])
-
-            responses = await asyncio.gather(*(core.infer(request(), "test") for _ in range(2)))
-            spans = sorted(r.outputs[0].data.tolist() for r in responses)
-            return spans, core.statistics("sleeper")[0]
-        finally:
-            await core.shutdown()
-
-    return asyncio.run(main())
+MS = 1_000_000
+# Two instances that each need the one R1 (Triton 2.51 runs them one after the other under
+# --rate-limit=execution_count, together without it: docs/rate-limiter.md).
+LIMITED = (
+    IO_FP32
+    + """
+instance_group [ { count: 2 kind: KIND_CPU
+  rate_limiter { resources [ { name: "R1" count: 1 } ] } } ]
+"""
+)
+ONE_R1 = {"rate_limit": "execution_count", "rate_limit_resources": [ResourceLimit("R1", 1)]}
 
 
-@pytest.fixture(scope="module")
-def sleeper_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    repository = tmp_path_factory.mktemp("rate_limit")
-    write_sleeper(repository)
-    return repository
+def test_one_resource_serializes_two_instances(world: World) -> None:
+    world.add("limited", LIMITED, max_batch_size=1)
+    model = world.model("limited")
+    model.hold()
+
+    async def scenario(core: ServerCore) -> None:
+        futures = [core.infer(world.request("limited", rows()), "test") for _ in range(2)]
+        await model.wait_executions(1)
+        world.clock.advance(5 * MS)
+        # The second holds no R1 while the first executes, so it has not reached an instance.
+        assert len(model.executed) == 1
+        model.release_all()
+        for future in futures:
+            assert isinstance(await outcome(future), InferResponse)
+        assert {e.instance for e in model.executed} == {"limited_0_0", "limited_0_1"}
+        queue = core.statistics("limited")[0]["inference_stats"]["queue"]
+        assert queue == {"count": 2, "ns": 5 * MS}  # the wait for R1 is queue time
+
+    world.run(scenario, **ONE_R1)
 
 
-def test_one_resource_serializes_two_instances(sleeper_repository: Path) -> None:
-    spans, stats = _spans(sleeper_repository, "execution_count", "R1:1")
-    first, second = spans
-    assert second[0] >= first[1]  # the second started after the first ended
-    queue = stats["inference_stats"]["queue"]  # type: ignore[index]
-    assert queue["ns"] >= 0.4e9  # the wait for R1 is queue time
+def test_without_the_flag_both_run_at_once(world: World) -> None:
+    world.add("limited", LIMITED, max_batch_size=1)
+    model = world.model("limited")
+    model.hold()
+
+    async def scenario(core: ServerCore) -> None:
+        futures = [core.infer(world.request("limited", rows()), "test") for _ in range(2)]
+        await model.wait_executions(2)  # both execute, held, at the same time
+        model.release_all()
+        for future in futures:
+            assert isinstance(await outcome(future), InferResponse)
+
+    world.run(scenario)
 
 
-def test_without_the_flag_both_run_at_once(sleeper_repository: Path) -> None:
-    spans, _ = _spans(sleeper_repository)
-    first, second = spans
-    assert second[0] < first[1]
+def test_a_flag_that_cannot_cover_an_instance_fails_its_load(world: World) -> None:
+    world.add("limited", LIMITED, max_batch_size=1)
 
+    async def scenario(core: ServerCore) -> list[tuple[str, str]]:
+        return core.load_failures()
 
-def test_a_flag_that_cannot_cover_an_instance_fails_its_load(sleeper_repository: Path) -> None:
-    async def main() -> list[tuple[str, str]]:
-        options = CoreOptions(
-            repositories=[sleeper_repository],
-            backends=builtin.registry(),
-            rate_limit="execution_count",
-            rate_limit_resources=[ResourceLimit("R2", 1)],
-        )
-        core = ServerCore(options)
-        await core.start()
-        try:
-            return core.load_failures()
-        finally:
-            await core.shutdown()
-
-    failures = asyncio.run(main())
-    assert failures and failures[0][0] == "sleeper"
+    failures = world.run(
+        scenario, rate_limit="execution_count", rate_limit_resources=[ResourceLimit("R2", 1)]
+    )
+    assert failures and failures[0][0] == "limited"
     assert 'Resource count for "R1" is limited to 0' in failures[0][1]
