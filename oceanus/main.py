@@ -35,14 +35,17 @@ log = logging.getLogger("oceanus.server")
 # The start-up model table's widest line (a terminal's width).
 TABLE_WIDTH = 100
 
-# Extensions listed by server metadata: only those really implemented.
+# Extensions listed by server metadata (HTTP and gRPC), in Triton 2.51's order. The CUDA shared
+# memory calls are answered (with Triton's errors: no CUDA IPC here), so it is listed too.
 HTTP_EXTENSIONS = [
+    "classification",
     "sequence",
     "model_repository",
     "model_repository(unload_dependents)",
-    "model_configuration",
     "schedule_policy",
+    "model_configuration",
     "system_shared_memory",
+    "cuda_shared_memory",
     "binary_tensor_data",
     "parameters",
     "statistics",

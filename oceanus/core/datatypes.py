@@ -60,6 +60,10 @@ BY_CONFIG_NAME: dict[str, DataType] = {d.config_name: d for d in _ALL}
 _BY_DTYPE: dict[np.dtype, DataType] = {d.dtype: d for d in _ALL}
 
 
+# Triton's name for a datatype name it does not know, in its "data-type is '...'" error.
+INVALID_DATATYPE = "<invalid>"
+
+
 def from_name(name: str) -> DataType | None:
     """The datatype for a wire name such as "FP32", or None."""
     return BY_NAME.get(name)

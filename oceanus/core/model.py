@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.core import datatypes
+from oceanus.core import classification, datatypes
 from oceanus.core.clock import MONOTONIC, Clock
 from oceanus.core.errors import ErrorCode, InferenceServerError, unavailable
 from oceanus.core.observability.statistics import ModelStatistics
@@ -76,6 +76,14 @@ class ModelVersion:
         # Decoupled models answer through infer_stream() only (0..N responses per request).
         self.decoupled = bool(config.model_transaction_policy.decoupled)
         self._workers: list[InstanceThread] = []
+        self._labels: dict[str, list[str]] | None = None
+
+    def labels(self) -> dict[str, list[str]]:
+        """Each output's classification labels (its label_filename's lines), read once."""
+        if self._labels is None:
+            outputs = ((o.name, o.label_filename) for o in self.config.output)
+            self._labels = classification.read_labels(self.path.parent, outputs)
+        return self._labels
 
     @property
     def ready(self) -> bool:

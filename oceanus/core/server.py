@@ -17,6 +17,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus import __version__
+from oceanus.core import classification
 from oceanus.core.backend_registry import BackendRegistry
 from oceanus.core.clock import MONOTONIC, Clock
 from oceanus.core.errors import (
@@ -336,6 +337,10 @@ class ServerCore:
             future = cache.infer(model, request)
         else:
             future = model.infer(request)
+        counts = classification.class_counts(request)
+        if counts is not None:  # Triton's classification extension, after the model answered
+            batched = model.config.max_batch_size > 0
+            future = classification.chain(future, counts, batched, model.labels())
         if request.shm_regions:
             self.shared_memory.hold(request.shm_regions, future)
         return future

@@ -53,6 +53,9 @@ def _shape_text(shape: tuple[int, ...] | list[int]) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 
+_UINT32 = 0xFFFFFFFF
+
+
 def validate_request(
     request: InferRequest,
     model_name: str,
@@ -124,7 +127,9 @@ def _validate(
                     f"dimension for '{model_name}'"
                 )
             if not batch_size:
-                batch_size = shape[0]
+                # Triton keeps the batch size in a uint32: a negative or huge first dimension
+                # then matches no input's, its own included (as in Triton 2.51)
+                batch_size = shape[0] & _UINT32
             elif shape[0] != batch_size:
                 raise invalid_arg(
                     f"{prefix}input '{tensor.name}' batch size does not match other inputs "
@@ -231,7 +236,9 @@ def _shaped(
     expected = 1
     for dim in shape:
         expected *= dim
-    if data.size != expected:
+    # A negative dimension left (a variable one's): Triton's byte size mismatch, negative
+    # expectation and all; an even number of them, which Triton would run, is refused too.
+    if data.size != expected or min(shape, default=0) < 0:
         if spec.datatype.is_bytes:
             raise invalid_arg(
                 f"{prefix}expected {expected} string elements for inference input '{name}' "

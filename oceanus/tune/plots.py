@@ -35,6 +35,7 @@ class Series:
     color: str
     points: Sequence[Measurement]
     emphasis: bool = False  # drawn bold (the shipped and the chosen configuration)
+    tag: str = ""  # the short name written beside its line ("#9")
 
     @property
     def stroke(self) -> str:
@@ -140,33 +141,40 @@ def _tooltip(label: str, point: Measurement) -> str:
 
 def throughput_vs_p99(
     series: Sequence[Series],
-    frontier: Sequence[Measurement],
+    others: Sequence[Measurement],
     chosen: Measurement | None,
     budget_ms: float,
 ) -> str:
-    """Every configuration's concurrency ladder as throughput over p99 (log scale), the
-    frontier, the latency budget and the chosen point."""
-    points = [p for s in series for p in s.points]
+    """The top configurations' concurrency ladders as labelled lines of throughput over p99
+    (log scale), every other measurement as a faint point, the latency budget (the region
+    past it shaded) and the chosen point ringed."""
+    points = [p for s in series for p in s.points] + list(others)
     if not points:
         return _svg([], "no measurements")
     lows = [p.p99_ms for p in points] + [budget_ms]
     low, high = min(lows) / 1.3, max(lows) * 1.3
-    axes = Axes((low, high), max(p.throughput for p in points) * 1.05, log_x=True)
+    axes = Axes((low, high), max(p.throughput for p in points) * 1.08, log_x=True)
     out = axes.frame(log_ticks(low, high), "p99 latency (ms, log scale)", "throughput (infer/s)")
     bx = axes.x(budget_ms)
-    out.append(
-        f'<line x1="{bx:.1f}" x2="{bx:.1f}" y1="{TOP}" y2="{HEIGHT - BOTTOM}" '
-        'stroke="#d62728" stroke-dasharray="6 4"/>'
-    )
-    out.append(
-        f'<text x="{bx - 4:.1f}" y="{TOP + 14}" text-anchor="end" fill="#d62728">'
-        f"budget {budget_ms:g} ms</text>"
-    )
-    if frontier:
-        path = " ".join(f"{axes.x(p.p99_ms):.1f},{axes.y(p.throughput):.1f}" for p in frontier)
+    right, bottom = WIDTH - RIGHT, HEIGHT - BOTTOM
+    if bx < right:
         out.append(
-            f'<polyline points="{path}" fill="none" stroke="#111" stroke-width="2" '
-            'stroke-dasharray="2 3" opacity="0.7"><title>frontier</title></polyline>'
+            f'<rect x="{bx:.1f}" y="{TOP}" width="{right - bx:.1f}" height="{bottom - TOP}" '
+            'fill="#d62728" opacity="0.07"><title>over the latency budget</title></rect>'
+        )
+    out.append(
+        f'<line x1="{bx:.1f}" x2="{bx:.1f}" y1="{TOP}" y2="{bottom}" '
+        'stroke="#d62728" stroke-width="2" stroke-dasharray="6 4"/>'
+    )
+    out.append(
+        f'<text x="{bx - 5:.1f}" y="{TOP + 14}" text-anchor="end" fill="#b01f20" '
+        f'font-weight="bold">p99 budget {budget_ms:g} ms</text>'
+    )
+    for p in others:
+        out.append(
+            f'<circle cx="{axes.x(p.p99_ms):.1f}" cy="{axes.y(p.throughput):.1f}" r="2.5" '
+            f'fill="#8a94a3" opacity="0.45"><title>{_tooltip(f"#{p.config_id}", p)}</title>'
+            "</circle>"
         )
     for item in series:
         ladder = sorted(item.points, key=lambda p: p.concurrency)
@@ -181,13 +189,18 @@ def throughput_vs_p99(
                 f'r="3.5" fill="{item.color}"><title>{_tooltip(item.label, p)}</title>'
                 "</circle>"
             )
+        top = max(ladder, key=lambda p: p.throughput)  # the line's name at its highest point
+        out.append(
+            f'<text x="{axes.x(top.p99_ms) + 6:.1f}" y="{axes.y(top.throughput) - 6:.1f}" '
+            f'fill="{item.color}" font-weight="bold" stroke="#fff" stroke-width="3" '
+            f'paint-order="stroke">{escape(item.tag)}</text>'
+        )
     if chosen is not None:
         cx, cy = axes.x(chosen.p99_ms), axes.y(chosen.throughput)
         out.append(
             f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="9" fill="none" stroke="#111" '
-            'stroke-width="2.5"><title>chosen</title></circle>'
+            'stroke-width="2.5"><title>the recommended point</title></circle>'
         )
-        out.append(f'<text x="{cx + 12:.1f}" y="{cy + 4:.1f}" font-weight="bold">chosen</text>')
     return _svg(out, "throughput against p99 latency")
 
 

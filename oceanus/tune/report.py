@@ -31,7 +31,15 @@ svg { width: 100%; height: auto; }
 .legend i { display: inline-block; width: 10px; height: 10px; margin-right: 6px;
   border-radius: 2px; }
 .chosen td { font-weight: 600; }
+.versus th { background: #f6f7f9; }
+.versus td, .versus th { text-align: left; }
+.versus td:first-child { color: #5f6b7a; width: 34%; }
+.versus .better { color: #1a7f37; font-weight: 600; }
+.swatch { display: inline-block; width: 10px; height: 10px; margin-right: 6px;
+  border-radius: 2px; }
 """
+
+TOP = 5  # configurations drawn as lines and listed first
 
 
 @dataclass(frozen=True)
@@ -68,27 +76,163 @@ def _fmt(value: float | None, digits: int = 0) -> str:
     return f"{value:,.{digits}f}"
 
 
-def _series(outcome: Outcome) -> list[plots.Series]:
+def _sweep_best(trial: Trial, budget_ms: float) -> Measurement | None:
+    return frontier.best_within(trial.points, budget_ms)
+
+
+def ranked(outcome: Outcome, budget_ms: float) -> list[Trial]:
+    """Configurations best first, on the footing they all share: the sweep's best throughput
+    with p99 within the budget; those with none last, in the order tried."""
+    best = {t.id: _sweep_best(t, budget_ms) for t in outcome.trials}
+    scored = [t for t in outcome.trials if best[t.id] is not None]
+    scored.sort(key=lambda t: -best[t.id].throughput)  # type: ignore[union-attr]
+    return scored + [t for t in outcome.trials if t not in scored]
+
+
+def top_trials(outcome: Outcome, budget_ms: float) -> list[Trial]:
+    """The TOP best, plus the recommended and the shipped configuration when not among them."""
+    order = ranked(outcome, budget_ms)
+    chosen = order[:TOP]
+    for must in (outcome.recommended, outcome.shipped):
+        if must is not None and must not in chosen:
+            chosen.append(must)
+    return [t for t in order if t in chosen]
+
+
+def _role(outcome: Outcome, trial: Trial) -> str:
+    roles = []
+    if trial is outcome.recommended:
+        roles.append("recommended")
+    if trial is outcome.shipped:
+        roles.append("shipped")
+    return ", ".join(roles)
+
+
+def _series(outcome: Outcome, top: Sequence[Trial]) -> list[plots.Series]:
     return [
         plots.Series(
             f"#{t.id} {t.candidate.label()}",
             plots.color(i),
             frontier.usable(t.points),
             emphasis=t is outcome.shipped or t is outcome.recommended,
+            tag=f"#{t.id}" + (f" {_role(outcome, t)}" if _role(outcome, t) else ""),
         )
-        for i, t in enumerate(outcome.trials)
+        for i, t in enumerate(top)
         if frontier.usable(t.points)
     ]
 
 
-def _legend(trials: Sequence[Trial]) -> str:
-    items = [
-        f'<li><i style="background:{plots.color(i)}"></i>#{t.id} {escape(t.candidate.label())}'
-        f"{' (shipped)' if t.candidate.shipped else ''}</li>"
-        for i, t in enumerate(trials)
-        if frontier.usable(t.points)
+def _best(trial: Trial, budget_ms: float) -> Measurement | None:
+    """The measurement a score stands for: the best within the budget, side by side first."""
+    return frontier.best_within(trial.side_points, budget_ms) or frontier.best_within(
+        trial.points, budget_ms
+    )
+
+
+def _versus(outcome: Outcome, budget_ms: float) -> str:
+    """The recommendation and the shipped configuration side by side (when the shipped one
+    stays: against the best other configuration)."""
+    left = outcome.recommended
+    right: Trial | None = outcome.shipped
+    titles = ("Recommended", "Shipped")
+    if left is None or left is outcome.shipped:
+        others = [t for t in ranked(outcome, budget_ms) if t is not outcome.shipped]
+        left, right = outcome.shipped, (others[0] if others else None)
+        titles = ("Shipped (kept)", "Best other configuration")
+    pair = [t for t in (left, right) if t is not None]
+    best = [_best(t, budget_ms) for t in pair]
+    scores = [outcome.scores.get(t.id) for t in pair]
+    sweep = [_sweep_best(t, budget_ms) for t in pair]
+
+    def row(name: str, cells: Sequence[str], better: int | None = None) -> str:
+        tds = "".join(
+            f"<td{' class=better' if i == better else ''}>{c}</td>" for i, c in enumerate(cells)
+        )
+        return f"<tr><td>{name}</td>{tds}</tr>"
+
+    def higher(values: Sequence[float | None], more_is_better: bool = True) -> int | None:
+        if len(values) < 2 or any(v is None for v in values) or values[0] == values[1]:
+            return None
+        first, second = values[0] or 0.0, values[1] or 0.0
+        return 0 if (first > second) == more_is_better else 1
+
+    colours = {t.id: plots.color(i) for i, t in enumerate(top_trials(outcome, budget_ms))}
+    head = "".join(
+        f'<th><span class="swatch" style="background:{colours.get(t.id, "#8a94a3")}"></span>'
+        f"{title}: #{t.id}</th>"
+        for title, t in zip(titles, pair, strict=False)
+    )
+    measured = [
+        f"side by side, {outcome.rounds} round(s)" if t in outcome.finalists else "sweep"
+        for t in pair
     ]
-    return f'<ul class="legend">{"".join(items)}</ul>'
+    c = [t.candidate for t in pair]
+    rows = [
+        row("configuration", [escape(x.label()) for x in c]),
+        row(
+            f"throughput at p99 ≤ {budget_ms:g} ms (what was compared)",
+            [f"{_fmt(v)} infer/s" for v in scores],
+            higher(scores),
+        ),
+        row("measured in", measured),
+        row(
+            "sweep: best at p99 within the budget",
+            [f"{_fmt(b.throughput)} infer/s" if b else NONE for b in sweep],
+        ),
+        row("best point: concurrency", [str(b.concurrency) if b else NONE for b in best]),
+        row(
+            "p50 / p99 latency",
+            [f"{_fmt(b.p50_ms, 2)} / {_fmt(b.p99_ms, 2)} ms" if b else NONE for b in best],
+            higher([b.p99_ms if b else None for b in best], more_is_better=False),
+        ),
+        row("average batch (server)", [_fmt(b.avg_batch if b else None, 2) for b in best]),
+        row(
+            "max batch size / preferred",
+            [f"{x.max_batch_size} / {list(x.preferred) if x.preferred else 'default'}" for x in c],
+        ),
+        row(
+            "dynamic batching, max queue delay",
+            [f"{'on' if x.dynamic_batching else 'off'}, {x.delay_us} µs" for x in c],
+        ),
+        row("model instances", [str(x.instances) for x in c]),
+        row(
+            "compute / queue per request (server)",
+            [
+                f"{_fmt(b.compute_us if b else None)} / {_fmt(b.queue_us if b else None)} µs"
+                for b in best
+            ],
+        ),
+    ]
+    return (
+        f'<div class="scroll"><table class="versus"><tr><th></th>{head}</tr>'
+        + "".join(rows)
+        + "</table></div>"
+    )
+
+
+def _top_table(outcome: Outcome, budget_ms: float) -> str:
+    rows = []
+    for index, trial in enumerate(top_trials(outcome, budget_ms)):
+        best = _sweep_best(trial, budget_ms)
+        role = _role(outcome, trial)
+        chosen = " class=chosen" if trial is outcome.recommended else ""
+        side = _fmt(outcome.scores.get(trial.id)) if trial in outcome.finalists else ""
+        rows.append(
+            f'<tr{chosen}><td><span class="swatch" style="background:{plots.color(index)}">'
+            f"</span>#{trial.id}</td><td class=text>{escape(trial.candidate.label())}"
+            f"{f' <span class=muted>({role})</span>' if role else ''}</td>"
+            f"<td>{_fmt(best.throughput if best else None)}</td>"
+            f"<td>{best.concurrency if best else NONE}</td>"
+            f"<td>{_fmt(best.p50_ms if best else None, 2)}</td>"
+            f"<td>{_fmt(best.p99_ms if best else None, 2)}</td>"
+            f"<td>{_fmt(best.avg_batch if best else None, 2)}</td><td>{side}</td></tr>"
+        )
+    return (
+        '<div class="scroll"><table><tr><th>#</th><th class=text>configuration</th>'
+        f"<th>sweep: best infer/s at p99 ≤ {budget_ms:g} ms</th><th>at concurrency</th>"
+        "<th>p50 ms</th><th>p99 ms</th><th>avg batch</th><th>side by side: median infer/s</th>"
+        "</tr>" + "".join(rows) + "</table></div>"
+    )
 
 
 def _summary(outcome: Outcome, info: RunInfo) -> str:
@@ -149,7 +293,7 @@ def _trials_table(outcome: Outcome, budget_ms: float) -> str:
     )
 
 
-def _side_by_side(outcome: Outcome) -> str:
+def _side_by_side(outcome: Outcome, budget_ms: float) -> str:
     if not outcome.rounds:
         return "<p class=muted>No side-by-side run: " + (
             "the shipped configuration was the best measured.</p>"
@@ -161,7 +305,8 @@ def _side_by_side(outcome: Outcome) -> str:
         role = "shipped" if trial is outcome.shipped else "finalist"
         if trial is outcome.recommended:
             role += ", recommended"
-        fill = plots.color(outcome.trials.index(trial))  # as in the charts
+        top = top_trials(outcome, budget_ms)
+        fill = plots.color(top.index(trial)) if trial in top else "#8a94a3"  # as in the charts
         rows.append((f"#{trial.id} ({role})", outcome.scores.get(trial.id), fill))
     points = [p for t in outcome.finalists for p in t.side_points]
     return plots.bars(rows, "infer/s") + _points_table(points)
@@ -187,16 +332,17 @@ def _points_table(points: Sequence[Measurement]) -> str:
 
 
 def render(outcome: Outcome, info: RunInfo, recommended_text: str, shipped_canonical: str) -> str:
-    """The report; `shipped_canonical` is the shipped config printed the way the recommended
-    one is, so that their diff shows only what changed."""
+    """The report, for a reader: the answer and the shipped configuration side by side, the
+    top configurations, one chart of them against the budget; then every detail. The
+    `shipped_canonical` config is the shipped one printed the way the recommended one is, so
+    that their diff shows only what changed."""
     sweep_points = [p for t in outcome.trials for p in t.points]
-    front = frontier.frontier(sweep_points)
-    chosen = (
-        frontier.best_within(outcome.recommended.points, info.budget_ms)
-        if outcome.recommended is not None
-        else None
-    )
-    series = _series(outcome)
+    top = top_trials(outcome, info.budget_ms)
+    series = _series(outcome, top)
+    drawn = {t.id for t in top}
+    others = [p for t in outcome.trials if t.id not in drawn for p in frontier.usable(t.points)]
+    recommended = outcome.recommended  # its ring on the chart: the sweep point drawn there
+    chosen = frontier.best_within(recommended.points, info.budget_ms) if recommended else None
     diff = "".join(
         difflib.unified_diff(
             shipped_canonical.splitlines(keepends=True),
@@ -216,26 +362,34 @@ def render(outcome: Outcome, info: RunInfo, recommended_text: str, shipped_canon
 · load from {escape(info.generator)} ({info.window_s:g} s per measurement)
 · server {escape(info.server)}</p>
 {_summary(outcome, info)}
-<h2>Throughput against p99 latency</h2>
-<p class="muted">Each line is one configuration under rising concurrency (1, 2, 4, ...). The dotted
-black line is the frontier (no measurement beats a point on it in both throughput and latency);
-the red line is the budget; the ring marks the chosen point.</p>
-{plots.throughput_vs_p99(series, front, chosen, info.budget_ms)}
-{_legend(outcome.trials)}
-<h2>Throughput against concurrency</h2>
-{plots.throughput_vs_concurrency(series)}
-<h2>Configurations</h2>
+<h2 id="versus">The recommendation and the shipped configuration</h2>
+{_versus(outcome, info.budget_ms)}
+<h2 id="top">Top configurations</h2>
+<p class="muted">Best first by the sweep's best throughput with p99 within the budget (one
+measurement per point, so noisy on a busy machine); the finalists' side-by-side medians, measured
+in rounds on the same server, are what the recommendation rests on. {len(outcome.trials)}
+configurations were tried: all are in the details below.</p>
+{_top_table(outcome, info.budget_ms)}
+<h2 id="chart">Throughput against p99 latency</h2>
+<p class="muted">Each line is one of the top configurations under rising concurrency (1, 2, 4,
+...); grey points are the other configurations' measurements. Right of the red line p99 is over
+the budget; the ring marks the recommended point.</p>
+{plots.throughput_vs_p99(series, others, chosen, info.budget_ms)}
+<h2 id="details">Details</h2>
+<h3>Every configuration</h3>
 {_trials_table(outcome, info.budget_ms)}
-<h2>Side by side</h2>
+<h3>Throughput against concurrency (the top configurations)</h3>
+{plots.throughput_vs_concurrency(series)}
+<h3>Side by side</h3>
 <p class="muted">The shipped configuration and the best of the sweep, measured in rounds
 (their order rotating) on the same server, so that all see the same machine: per configuration
 the best median throughput over the rounds whose median p99 is within the budget.</p>
-{_side_by_side(outcome)}
-<h2>Recommended config.pbtxt</h2>
+{_side_by_side(outcome, info.budget_ms)}
+<h3>Recommended config.pbtxt</h3>
 <pre>{escape(recommended_text) if recommended_text else "(none)"}</pre>
-<h2>Change from the shipped config</h2>
+<h3>Change from the shipped config</h3>
 <pre>{escape(diff) if diff else "(no change)"}</pre>
-<h2>Every measurement</h2>
+<h3>Every measurement</h3>
 <details><summary>{len(sweep_points)} sweep measurements</summary>
 {_points_table(sweep_points)}</details>
 </body></html>

@@ -54,9 +54,8 @@ def test_explicit_mode_loads_and_unloads_on_request(world: World) -> None:
         assert caught.value.message == (
             "failed to load 'nonexistent', failed to poll from model repository"
         )
-        with pytest.raises(InferenceServerError) as caught:
-            await core.unload_model("nonexistent")
-        assert caught.value.message == "failed to unload 'nonexistent', no version is available"
+        await core.unload_model("nonexistent")  # a no-op success, as in Triton 2.51
+        assert "nonexistent" not in index(core)
         await core.load_model("a")
         assert core.model_ready("a") and world.model("a").loads == 2
 

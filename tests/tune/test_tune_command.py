@@ -71,7 +71,7 @@ def check_outputs(folder: Path, budget_minutes: float, min_configs: int = 1) -> 
     assert len(rows) == len(document["measurements"]) > 0
     assert {row["phase"] for row in rows} >= {"sweep"}
     html = (folder / "report.html").read_text()
-    assert html.count("<svg") >= 2 and "frontier" in html
+    assert html.count("<svg") >= 2 and "p99 budget" in html and "Top configurations" in html
     assert "https://" not in html
     return document
 

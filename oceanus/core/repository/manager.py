@@ -372,8 +372,8 @@ class ModelManager:
     async def unload(self, name: str) -> None:
         async with self._lock(name):
             entry = self.models.get(name)
-            if entry is None:
-                raise invalid_arg(f"failed to unload '{name}', no version is available")
+            if entry is None:  # Triton 2.51 answers success: nothing to unload
+                return
             await asyncio.gather(
                 *(self._retire(mv, "unloaded") for mv in entry.versions.values() if mv.ready)
             )

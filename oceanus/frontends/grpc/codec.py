@@ -17,7 +17,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from oceanus.core import datatypes
-from oceanus.core.datatypes import DataType
+from oceanus.core.datatypes import INVALID_DATATYPE, DataType
 from oceanus.core.errors import InferenceServerError, invalid_arg
 from oceanus.core.shared_memory import NO_REGIONS, SharedMemoryManager, as_unsigned
 from oceanus.core.tensor_bytes import array_from_bytes, array_to_bytes
@@ -28,6 +28,8 @@ ZERO_COPY_THRESHOLD = 256 * 1024
 
 # Request parameter keys starting with "triton_" that clients may send (Triton's list).
 TRITON_RESERVED_PARAMS = ("triton_enable_empty_final_response",)
+# The data of an input the core refuses by its datatype (never read).
+_NO_DATA = np.empty(0, dtype=np.uint8)
 
 _RAW_INPUT_TAG = (7 << 3) | 2  # ModelInferRequest.raw_input_contents
 
@@ -296,16 +298,19 @@ def decode_infer_request(
     for io in message.inputs:
         name = io.name
         datatype = datatypes.from_name(io.datatype)
-        if datatype is None:
-            raise invalid_arg(f"invalid datatype for input {name}")
+        # Negative dimensions pass: the core refuses them in Triton's words (a batch size that
+        # does not match, an unexpected shape, a byte size mismatch), as Triton 2.51 does.
         shape = tuple(io.shape)
-        for dim in shape:
-            if dim < 0:
-                raise invalid_arg(f"Unable to parse 'shape' for input '{name}'")
         parameters: dict[str, Any] = {}
         in_shm = None
         if io.parameters:
             parameters, in_shm = _tensor_parameters(io.parameters, name)
+        if datatype is None:
+            # Triton checks the data's presence here and the datatype later, in its core, with
+            # the model's: "data-type is '<invalid>'" (its name of an unknown datatype).
+            index = _skip_data(io, raw, index, in_shm, name, model_name)
+            inputs.append(Tensor(name, INVALID_DATATYPE, shape, _NO_DATA, parameters))
+            continue
         if in_shm is not None:
             if io.HasField("contents"):
                 raise invalid_arg(
@@ -333,8 +338,48 @@ def decode_infer_request(
             )
         inputs.append(Tensor(name, io.datatype, shape, data, parameters))
     if message.outputs:
-        request.outputs = [_requested_output(o, request, shm) for o in message.outputs]
+        request.outputs = _requested_outputs(message.outputs, request, shm)
     return request
+
+
+def _skip_data(
+    io: Any,
+    raw: list[bytes] | list[memoryview],
+    index: int,
+    in_shm: ShmParameters | None,
+    name: str,
+    model_name: str,
+) -> int:
+    """Triton's checks of where an input's data is, for an input the core will refuse; the
+    index of the next raw_input_contents entry."""
+    if in_shm is not None:
+        return index
+    if io.HasField("contents"):
+        if raw:
+            raise invalid_arg(
+                "contents field must not be specified when using raw_input_contents for "
+                f"'{name}' for model '{model_name}'"
+            )
+        return index
+    if index < len(raw):
+        return index + 1
+    raise invalid_arg(
+        f"unable to find data for input tensor '{name}' for model '{model_name}' in request."
+    )
+
+
+def _requested_outputs(
+    outputs: Any, request: InferRequest, shm: SharedMemoryManager
+) -> list[RequestedOutput]:
+    """The requested outputs, each once (Triton keeps a set: a name asked twice is answered
+    once, classified when either asked for it)."""
+    requested: dict[str, RequestedOutput] = {}
+    for output in outputs:
+        wanted = _requested_output(output, request, shm)
+        first = requested.setdefault(wanted.name, wanted)
+        if first is not wanted and "classification" in wanted.parameters:
+            first.parameters.setdefault("classification", wanted.parameters["classification"])
+    return list(requested.values())
 
 
 def _requested_output(
@@ -343,6 +388,14 @@ def _requested_output(
     if not output.parameters:
         return RequestedOutput(output.name, {})
     parameters, in_shm = _tensor_parameters(output.parameters, output.name)
+    classification = output.parameters.get("classification")
+    if classification is not None:
+        if classification.WhichOneof("parameter_choice") != "int64_param":
+            raise invalid_arg(
+                "invalid value type for 'classification' parameter, expected int64_param"
+            )
+        if classification.int64_param <= 0:  # Triton's words for 0 too
+            raise invalid_arg("invalid value for 'classification' parameter, expected >= 0")
     if in_shm is None:
         return RequestedOutput(output.name, parameters)
     if "classification" in parameters:

@@ -186,6 +186,22 @@ def _check_shm_output(parameters: dict[str, Any]) -> None:
             raise invalid_arg("Output can't set both 'shared_memory_region' and 'binary_data'")
 
 
+def _class_count(parameters: dict[str, Any]) -> dict[str, Any]:
+    """An output's parameters with `classification` checked as Triton's HTTP frontend reads it
+    (an unsigned integer; 0 asks for the tensor itself). Triton answers 500; we, 400."""
+    count = parameters.get("classification")
+    if count is None:
+        return parameters
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise invalid_arg(
+            "Unable to set 'classification': attempt to access JSON non-unsigned-integer as "
+            "unsigned-integer"
+        )
+    if count == 0:
+        return {k: v for k, v in parameters.items() if k != "classification"}
+    return parameters
+
+
 def _decode_output(
     item: Any, request: InferRequest, shm: SharedMemoryManager = NO_REGIONS
 ) -> RequestedOutput:
@@ -200,12 +216,12 @@ def _decode_output(
     if not isinstance(parameters, dict):
         raise invalid_arg("failed to get request params.: attempt to get members for non-object")
     if _SHM_KEYS.isdisjoint(parameters):
-        return RequestedOutput(name, parameters)
+        return RequestedOutput(name, _class_count(parameters))
     if "shared_memory_region" in parameters:
         _check_shm_output(parameters)
     region, shm_offset, shm_size = _shm_parameters(parameters)
     if region is None:
-        return RequestedOutput(name, parameters)
+        return RequestedOutput(name, _class_count(parameters))
     if request.shm_regions is None:
         request.shm_regions = []
     target = shm.output_target(region, shm_offset, shm_size, request.shm_regions)
