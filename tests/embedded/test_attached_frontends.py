@@ -62,3 +62,37 @@ def test_http_grpc_and_metrics_on_an_embedded_server(embedded_repository: Path) 
     for port in (http_port, grpc_port, metrics_port):
         with socket.socket() as sock:  # nothing listens any more
             assert sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_http_routes_without_a_socket(embedded_repository: Path) -> None:
+    # What a Ray Serve replica hands its requests to (oceanus/ray_serve.py): the HTTP
+    # frontend's own answers, status and body.
+    import asyncio
+    import json
+
+    from oceanus.embedded.http_handler import HttpHandler
+
+    with tritonserver.Server(model_repository=str(embedded_repository)) as server:
+        handler = HttpHandler(server)
+        body = json.dumps(
+            {
+                "inputs": [
+                    {"name": n, "shape": [1, 16], "datatype": "INT32", "data": list(range(16))}
+                    for n in ("INPUT0", "INPUT1")
+                ]
+            }
+        ).encode()
+
+        async def scenario() -> None:
+            status, _, _ = await handler("GET", "/v2/health/ready", {}, b"")
+            assert status == 200
+            status, headers, answer = await handler(
+                "POST", "/v2/models/simple/infer", {b"content-type": b"application/json"}, body
+            )
+            assert status == 200 and (b"content-type", b"application/json") in headers
+            outputs = {o["name"]: o["data"] for o in json.loads(answer)["outputs"]}
+            assert outputs["OUTPUT0"][:3] == [0, 2, 4]
+            status, _, answer = await handler("GET", "/v2/models/nope", {}, b"")
+            assert status == 404 and b"Request for unknown model" in answer
+
+        asyncio.run(scenario())
