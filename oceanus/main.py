@@ -54,7 +54,7 @@ HTTP_EXTENSIONS = [
 ]
 
 
-def _repositories(settings: Settings) -> RepositorySet:
+def open_repositories(settings: Settings) -> RepositorySet:
     """Local folders for the repositories; remote ones (s3://, gs://, as://) mirrored first."""
     if settings.model_repositories:
         return RepositorySet.open(settings.model_repositories)
@@ -64,13 +64,38 @@ def _repositories(settings: Settings) -> RepositorySet:
     return RepositorySet([example_repository()], [])
 
 
-def _span_exporter(settings: Settings) -> SpanExporter | None:
+def span_exporter(settings: Settings) -> SpanExporter | None:
     """The OpenTelemetry exporter when --trace-config mode=opentelemetry asks for one."""
     if settings.trace.mode != MODE_OPENTELEMETRY:
         return None
     from oceanus.core.observability.tracing_otel import OtlpSpanExporter
 
     return OtlpSpanExporter(settings.trace.mode_options)
+
+
+def core_options(
+    settings: Settings, repositories: RepositorySet, exporter: SpanExporter | None
+) -> CoreOptions:
+    """The core's options from the settings: one place for the process and the in-process
+    API (oceanus/embedded), so both cores behave alike."""
+    return CoreOptions(
+        repositories=repositories.folders,
+        refresh_repositories=repositories.refresh if repositories.mirrors else None,
+        backends=builtin.registry(),
+        autocomplete=settings.autocomplete,
+        strict_readiness=settings.strict_readiness,
+        load_threads=settings.model_load_thread_count or 1,
+        control_mode=settings.model_control_mode,
+        startup_models=settings.load_models,
+        poll_seconds=max(settings.repository_poll_secs, 1),
+        extensions=list(HTTP_EXTENSIONS),
+        trace=settings.trace,
+        span_exporter=exporter,
+        response_cache_size=settings.response_cache_size,
+        rate_limit=settings.rate_limit,
+        rate_limit_resources=settings.rate_limit_resources,
+        model_namespacing=settings.model_namespacing,
+    )
 
 
 def grpc_options(settings: Settings, reuse_port: bool | None = None) -> GrpcOptions:
@@ -121,41 +146,22 @@ class Server:
             return 1
         try:
             repositories = await asyncio.get_running_loop().run_in_executor(
-                None, _repositories, settings
+                None, open_repositories, settings
             )
         except RepositoryError as exc:
             log.error("%s", exc)
             return 1
         try:
-            span_exporter = _span_exporter(settings)
+            exporter = span_exporter(settings)
         except RuntimeError as exc:  # the optional OpenTelemetry SDK is missing
             log.error("%s", exc)
             return 1
-        self.core = core = ServerCore(
-            CoreOptions(
-                repositories=repositories.folders,
-                refresh_repositories=repositories.refresh if repositories.mirrors else None,
-                backends=builtin.registry(),
-                autocomplete=settings.autocomplete,
-                strict_readiness=settings.strict_readiness,
-                load_threads=settings.model_load_thread_count or 1,
-                control_mode=settings.model_control_mode,
-                startup_models=settings.load_models,
-                poll_seconds=max(settings.repository_poll_secs, 1),
-                extensions=list(HTTP_EXTENSIONS),
-                trace=settings.trace,
-                span_exporter=span_exporter,
-                response_cache_size=settings.response_cache_size,
-                rate_limit=settings.rate_limit,
-                rate_limit_resources=settings.rate_limit_resources,
-                model_namespacing=settings.model_namespacing,
-            )
-        )
+        self.core = core = ServerCore(core_options(settings, repositories, exporter))
         if settings.allow_metrics:
             # Before models load: their statistics then keep any summaries/histograms asked for.
             enable_latency_recording(parse_metrics_config(settings.metrics_config))
         await core.start()
-        self._log_models()
+        log_model_table(core)
         failures = core.load_failures()
         if failures and settings.exit_on_error:
             # Each failure was logged once, in full, as it happened (and is in the table).
@@ -190,21 +196,6 @@ class Server:
             log.error("Exit timeout expired. Exiting immediately.")  # Triton's words, and exit 1
             return 1
         return 0
-
-    def _log_models(self) -> None:
-        assert self.core is not None
-        rows: list[list[str]] = []
-        for entry in sorted(self.core.models.values(), key=lambda e: e.name):
-            if entry.error and not entry.versions:
-                rows.append([entry.name, "-", f"UNAVAILABLE: {entry.error}"])
-            for number, version in sorted(entry.versions.items()):
-                status = version.state.value
-                if version.state is ModelState.UNAVAILABLE:
-                    status = f"UNAVAILABLE: {version.reason}"
-                rows.append([entry.name, str(number), status])
-        # As Triton prints it, but within a terminal's width: a long reason is cut here and
-        # is whole in its "failed to load" line above.
-        log.info("\n%s", table(["Model", "Version", "Status"], rows, max_width=TABLE_WIDTH))
 
     async def _start_http(self, core: ServerCore) -> None:
         settings = self.settings
@@ -361,6 +352,22 @@ class Server:
             return
         await self._metrics.stop()
         self._metrics = None
+
+
+def log_model_table(core: ServerCore) -> None:
+    """The start-up table of models, versions and states (as Triton prints it)."""
+    rows: list[list[str]] = []
+    for entry in sorted(core.models.values(), key=lambda e: e.name):
+        if entry.error and not entry.versions:
+            rows.append([entry.name, "-", f"UNAVAILABLE: {entry.error}"])
+        for number, version in sorted(entry.versions.items()):
+            status = version.state.value
+            if version.state is ModelState.UNAVAILABLE:
+                status = f"UNAVAILABLE: {version.reason}"
+            rows.append([entry.name, str(number), status])
+    # As Triton prints it, but within a terminal's width: a long reason is cut here and
+    # is whole in its "failed to load" line above.
+    log.info("\n%s", table(["Model", "Version", "Status"], rows, max_width=TABLE_WIDTH))
 
 
 def frontend_worker_count(settings: Settings) -> int:

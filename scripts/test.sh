@@ -38,6 +38,11 @@ status=0
 OCEANUS_TEST_FRONTEND_WORKERS="${OCEANUS_TEST_FRONTEND_WORKERS:-2}" python3 -m pytest "$@" || status=$?
 if [ $# -eq 0 ]; then
   OCEANUS_TEST_FRONTEND_WORKERS=0 python3 -m pytest -q tests/frontends || status=$?
+  # Oceanus on Ray Serve: one Ray cluster (two `ray start` nodes on loopback) for all of
+  # tests/ray, once, after the main pass (docs/ray.md).
+  if [ -z "${OCEANUS_SKIP_RAY:-}" ]; then
+    python3 -m pytest -q -m ray tests/ray || status=$?
+  fi
 fi
 # The container image: built and served once per run (~3 minutes), not per test.
 if [ -z "${OCEANUS_SKIP_IMAGE_TEST:-}" ]; then
