@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from oceanus.core.errors import ErrorCode, InferenceServerError, internal
-from oceanus.proto_json import message_to_dict
 from oceanus.core.server import ServerCore
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.embedded.errors import InvalidArgumentError, translate
@@ -22,6 +21,7 @@ from oceanus.embedded.requests import (
     ResponseIterator,
     response_from,
 )
+from oceanus.proto_json import message_to_dict
 
 if TYPE_CHECKING:
     from oceanus.embedded.server import Server
