@@ -79,4 +79,5 @@ def build(args: dict[str, Any]) -> Application:
     if not repository:
         raise ValueError("args.model_repository is required (a shared folder or s3://...)")
     options = dict(args.get("server_options") or {})
-    return OceanusReplica.bind(repository, options)  # type: ignore[attr-defined]
+    application: Application = OceanusReplica.bind(repository, options)  # type: ignore[attr-defined]
+    return application
