@@ -383,6 +383,16 @@ class ServerCore:
 
     # ---- statistics and repository ------------------------------------------------------------
 
+    def ready_versions(self) -> list[ModelVersion]:
+        """Every ready version, by model key and version number: what /metrics exports, so
+        that frontends need not walk `models` themselves."""
+        return [
+            version
+            for key in sorted(self.models)
+            for _, version in sorted(self.models[key].versions.items())
+            if version.ready
+        ]
+
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
         if name:
             entry = self.models.get(name)

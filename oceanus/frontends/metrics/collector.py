@@ -176,14 +176,7 @@ class TritonCollector(Collector):
         self.custom = custom
 
     def _versions(self) -> list[tuple[ModelVersion, dict[str, str]]]:
-        out = []
-        for name in sorted(self.core.models):
-            entry = self.core.models[name]
-            for number in sorted(entry.versions):
-                version = entry.versions[number]
-                if version.ready:
-                    out.append((version, _labels(version)))
-        return out
+        return [(version, _labels(version)) for version in self.core.ready_versions()]
 
     def collect(self) -> Iterator[Metric]:
         versions = self._versions()

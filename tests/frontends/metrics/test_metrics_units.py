@@ -34,6 +34,15 @@ class FakeCore:
     def __init__(self, *versions: ModelVersion) -> None:
         self.models = {v.name: FakeEntry({v.version: v}) for v in versions}
 
+    def ready_versions(self) -> list[ModelVersion]:
+        """Ready versions by name (ServerCore.ready_versions)."""
+        return [
+            v
+            for _, entry in sorted(self.models.items())
+            for v in entry.versions.values()
+            if v.ready
+        ]
+
     def cache_enabled(self, model: ModelVersion) -> bool:
         """No response cache (ServerCore.cache_enabled)."""
         return False
