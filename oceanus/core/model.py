@@ -337,7 +337,7 @@ class ResponseStream:
 
     Backends call `send` from any thread; it hands each response to the event loop."""
 
-    __slots__ = ("_empty_final", "_loop", "_mark_final", "_model", "_queue", "_request")
+    __slots__ = ("_empty_final", "_loop", "_mark_final", "_model", "_queue", "_request", "left")
 
     def __init__(
         self,
@@ -350,6 +350,10 @@ class ResponseStream:
         self._model = model
         self._request = request
         self._loop = loop
+        # The caller stopped reading before the final response: the request is cancelled even
+        # when the model's execute() has returned and it answers from its own thread (as the
+        # vLLM backend's model.py does), so `is_cancelled()` must still say so.
+        self.left = False
         self._queue: asyncio.Queue[
             tuple[InferResponse | None, InferenceServerError | None, bool]
         ] = asyncio.Queue()
@@ -414,5 +418,7 @@ class ResponseStream:
                     finished = True
                     return
         finally:
-            if not finished and not future.done():
-                future.cancel()  # the caller left: a queued request leaves the queue
+            if not finished:
+                self.left = True
+                if not future.done():
+                    future.cancel()  # the caller left: a queued request leaves the queue

@@ -3,9 +3,10 @@
 It has no weights: it "generates" deterministically, so tests can tell what a reply must be.
 The reply is the text after the prompt's last `SAY:` (up to the end of that turn), token by
 token with the model's own tokenizer, then the end-of-sequence token; `SAY:FOREVER` repeats
-"la " until max_tokens. With no `SAY:` it answers "Hello from the toy model.". Honours
-max_tokens, stop strings, exclude_input_in_output, stream, the return_* flags and
-cancellation; logprobs are 0.0 for the chosen token (the model is certain).
+"la " until max_tokens; `SAY:RUNNING` answers how many other requests it is generating and how
+many it stopped on cancellation (a test of a cut stream reads them). With no `SAY:` it answers
+"Hello from the toy model.". Honours max_tokens, stop strings, exclude_input_in_output, stream,
+the return_* flags and cancellation; logprobs are 0.0 for the chosen token (the model is certain).
 """
 
 import json
@@ -34,7 +35,9 @@ class TritonPythonModel:
         self.eos = self.tokenizer.token_to_id(END_OF_TURN)
         self.context = json.loads((folder / "config.json").read_text())["max_position_embeddings"]
         self.delay_s = float(json.loads((folder / "config.json").read_text()).get("delay_s", 0))
-        self.running = 0  # requests being generated: the test of a cut stream reads it
+        self.running = 0  # requests being generated
+        self.cancelled = 0  # generations that stopped because their request was cancelled
+        self.lock = threading.Lock()
 
     def execute(self, requests):
         for request in requests:
@@ -49,10 +52,14 @@ class TritonPythonModel:
         text = prompt[marker + 4 :].split(END_OF_TURN)[0].rstrip("\n")
         if text == "FOREVER":
             return self.tokenizer.encode("la ").ids, True
+        if text == "RUNNING":
+            answer = f"{self.running - 1} running, {self.cancelled} cancelled"
+            return self.tokenizer.encode(answer).ids, False
         return self.tokenizer.encode(text).ids, False
 
     def _generate(self, request, sender):
-        self.running += 1
+        with self.lock:
+            self.running += 1
         try:
             self._run(request, sender)
         except Exception as exc:  # the client hears what went wrong
@@ -62,10 +69,13 @@ class TritonPythonModel:
                 pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
             )
         finally:
-            self.running -= 1
+            with self.lock:
+                self.running -= 1
 
     def _run(self, request, sender):
-        prompt = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().reshape(-1)[0]
+        text_input = pb_utils.get_input_tensor_by_name(request, "text_input")
+        assert text_input is not None  # a required input
+        prompt = text_input.as_numpy().reshape(-1)[0]
         prompt = prompt.decode("utf-8") if isinstance(prompt, bytes) else str(prompt)
         stream = _flag(request, "stream")
         exclude_input = _flag(request, "exclude_input_in_output", default=stream)
@@ -90,10 +100,13 @@ class TritonPythonModel:
                 "return_cumulative_logprob",
             )
         }
-        text, produced, finish, position, sent = "", [], None, 0, 0
-        pending = []  # ids of this response (streaming: one at a time)
+        text, finish, position, sent = "", None, 0, 0
+        produced: list[int] = []
+        pending: list[int] = []  # ids of this response (streaming: one at a time)
         while finish is None:
             if sender.is_cancelled():
+                with self.lock:
+                    self.cancelled += 1
                 return
             if len(produced) >= max_tokens:
                 finish = "length"

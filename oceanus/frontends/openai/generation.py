@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +25,7 @@ from oceanus.frontends.openai.results import Piece
 _DONE = object()
 
 
-async def merged(core: ServerCore, plan: Plan) -> AsyncIterator[tuple[int, Piece]]:
+async def merged(core: ServerCore, plan: Plan) -> AsyncGenerator[tuple[int, Piece], None]:
     """(choice index, piece) of every response of the plan's requests, as they come."""
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
     streams = []
@@ -126,8 +126,9 @@ def _chat_message(plan: Plan, choice: Choice) -> tuple[dict[str, Any], str | Non
 async def complete(core: ServerCore, plan: Plan, count: Any) -> dict[str, Any]:
     """The whole reply of a non-streaming request."""
     choices = [Choice() for _ in range(len(plan.prompts) * plan.n)]
-    async for index, piece in merged(core, plan):
-        choices[index].add(piece)
+    async with contextlib.aclosing(merged(core, plan)) as pieces:
+        async for index, piece in pieces:
+            choices[index].add(piece)
     documents = []
     for index, choice in enumerate(choices):
         if plan.chat:
@@ -234,36 +235,37 @@ async def stream_events(core: ServerCore, plan: Plan, count: Any) -> AsyncIterat
     elif plan.echo:
         for index in range(total):
             yield chunk(index, {"text": plan.prompts[index // plan.n].text})
-    async for index, piece in merged(core, plan):
-        choice = choices[index]
-        choice.add(piece)
-        final = piece.finish_reason is not None
-        logprobs = None
-        if plan.logprobs is not None and piece.logprobs:
-            logprobs = (
-                results.chat_logprobs(piece.logprobs, plan.logprobs)
-                if plan.chat
-                else results.completion_logprobs(piece.logprobs, plan.logprobs, 0)
-            )
-        if not plan.chat:
-            if piece.text or final or logprobs:
-                yield chunk(index, {"text": piece.text}, piece.finish_reason, logprobs)
-            continue
-        chat = chats[index]
-        chat.text = choice.text
-        delta = chat.content(final)
-        if delta or logprobs:
-            yield chunk(index, {"delta": {"content": delta}}, None, logprobs)
-        if final:
-            finish = piece.finish_reason
-            calls, held = chat.calls()
-            if held:
-                yield chunk(index, {"delta": {"content": held}})
-            if calls:
-                documents = [call.document(number) for number, call in enumerate(calls)]
-                yield chunk(index, {"delta": {"tool_calls": documents}})
-                finish = "tool_calls" if finish == "stop" else finish
-            yield chunk(index, {"delta": {}}, finish)
+    async with contextlib.aclosing(merged(core, plan)) as pieces:
+        async for index, piece in pieces:
+            choice = choices[index]
+            choice.add(piece)
+            final = piece.finish_reason is not None
+            logprobs = None
+            if plan.logprobs is not None and piece.logprobs:
+                logprobs = (
+                    results.chat_logprobs(piece.logprobs, plan.logprobs)
+                    if plan.chat
+                    else results.completion_logprobs(piece.logprobs, plan.logprobs, 0)
+                )
+            if not plan.chat:
+                if piece.text or final or logprobs:
+                    yield chunk(index, {"text": piece.text}, piece.finish_reason, logprobs)
+                continue
+            chat = chats[index]
+            chat.text = choice.text
+            delta = chat.content(final)
+            if delta or logprobs:
+                yield chunk(index, {"delta": {"content": delta}}, None, logprobs)
+            if final:
+                finish = piece.finish_reason
+                calls, held = chat.calls()
+                if held:
+                    yield chunk(index, {"delta": {"content": held}})
+                if calls:
+                    documents = [call.document(number) for number, call in enumerate(calls)]
+                    yield chunk(index, {"delta": {"tool_calls": documents}})
+                    finish = "tool_calls" if finish == "stop" else finish
+                yield chunk(index, {"delta": {}}, finish)
     if plan.include_usage:
         yield event({**head, "choices": [], "usage": _usage(plan, choices, count)})
     yield DONE_EVENT
