@@ -118,7 +118,6 @@ def write_llm(folder: str | os.PathLike[str], size: str = "tiny") -> pathlib.Pat
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
-        torch_dtype="float32",
     )
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(config)

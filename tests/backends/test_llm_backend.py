@@ -7,8 +7,8 @@ cancellation freeing the engine's slot, the vllm:* metrics, and the missing-extr
 from __future__ import annotations
 
 import json
-import re
 import queue
+import re
 import subprocess
 import sys
 import threading
