@@ -56,7 +56,7 @@ class Job:
 
     def cancelled(self) -> bool:
         # A decoupled request's caller may leave after execute() returned (core/model.py).
-        return self.future.cancelled() or bool(getattr(self.stream, "left", False))
+        return self.future.cancelled() or (self.stream is not None and self.stream.cancelled())
 
 
 @dataclass(slots=True)

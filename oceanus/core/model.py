@@ -337,7 +337,7 @@ class ResponseStream:
 
     Backends call `send` from any thread; it hands each response to the event loop."""
 
-    __slots__ = ("_empty_final", "_loop", "_mark_final", "_model", "_queue", "_request", "left")
+    __slots__ = ("_empty_final", "_left", "_loop", "_mark_final", "_model", "_queue", "_request")
 
     def __init__(
         self,
@@ -350,10 +350,6 @@ class ResponseStream:
         self._model = model
         self._request = request
         self._loop = loop
-        # The caller stopped reading before the final response: the request is cancelled even
-        # when the model's execute() has returned and it answers from its own thread (as the
-        # vLLM backend's model.py does), so `is_cancelled()` must still say so.
-        self.left = False
         self._queue: asyncio.Queue[
             tuple[InferResponse | None, InferenceServerError | None, bool]
         ] = asyncio.Queue()
@@ -362,6 +358,12 @@ class ResponseStream:
         asked = bool(request.parameters.get("triton_enable_empty_final_response"))
         self._mark_final = asked if mark_final is None else mark_final
         self._empty_final = asked if empty_final is None else empty_final
+        # Set on the loop when the reader leaves before the final response; read by backend
+        # threads (a plain bool: a stale read only delays the cancellation by one poll).
+        self._left = False
+
+    def cancelled(self) -> bool:
+        return self._left
 
     def send(
         self,
@@ -419,6 +421,6 @@ class ResponseStream:
                     return
         finally:
             if not finished:
-                self.left = True
+                self._left = True
                 if not future.done():
                     future.cancel()  # the caller left: a queued request leaves the queue
