@@ -114,8 +114,14 @@ def load_tokenizer(
         path = folder / "tokenizer.json"
         if not path.is_file():
             continue
-        from tokenizers import Tokenizer
-
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise OpenAIError(
+                500,
+                "reading a model's tokenizer needs the 'tokenizers' package: "
+                "pip install 'oceanus[openai]'",
+            ) from None
         config = _read_json(folder / "tokenizer_config.json")
         special = {
             key: text
