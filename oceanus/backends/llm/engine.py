@@ -69,6 +69,7 @@ class Sequence:
     e2e_ns: int = 0
     generator: torch.Generator | None = None
     finished: bool = False
+    guide: Any = None  # guide.Guide: structured output's grammar state (None: free text)
 
 
 @dataclass
@@ -123,6 +124,8 @@ class Engine:
         eos = config.eos_token_id if config.eos_token_id is not None else None
         self.eos: int | None = eos[0] if isinstance(eos, list) else eos
         self.pad = int(config.pad_token_id if config.pad_token_id is not None else 0)
+        self.vocab = int(config.vocab_size)
+        self._llg_tokenizer: Any = None  # llguidance's tokenizer, made on the first guided request
         # transformers 5 names the cache argument `cache`, earlier versions `past_key_values`.
         forward = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in forward else "past_key_values"
@@ -160,6 +163,12 @@ class Engine:
                 f"{self.max_len} and at least one token must be generated"
             )
         seq = Sequence(prompt, params, sink, cancelled)
+        if params.guided is not None:
+            from oceanus.backends.llm.guide import Guide, llg_tokenizer
+
+            if self._llg_tokenizer is None:
+                self._llg_tokenizer = llg_tokenizer(self.tokenizer, self.vocab, self.eos)
+            seq.guide = Guide(self._llg_tokenizer, params.guided)
         seq.reserved = min(len(prompt) + params.max_tokens, self.max_len)
         if params.seed is not None:
             seq.generator = torch.Generator().manual_seed(params.seed)
@@ -296,6 +305,8 @@ class Engine:
                 logprob = float(torch.log_softmax(logits[row], -1)[argmax[row]])
                 choice = Choice(int(argmax[row]), logprob, None)
             else:
+                if seq.guide is not None:
+                    seq.guide.mask(logits[row])
                 choice = choose(
                     logits[row], seq.params, seq.prompt, seq.generated, self.eos, seq.generator
                 )
@@ -318,7 +329,8 @@ class Engine:
             and not params.ignore_eos
             and len(seq.generated) > params.min_tokens
         )
-        if eos:
+        complete = seq.guide is not None and seq.guide.advance(choice.token)
+        if eos or complete:
             reason = "stop"
         elif (
             len(seq.generated) >= params.max_tokens

@@ -28,6 +28,7 @@ def needs_row_work(params: SamplingParams) -> bool:
         and params.frequency_penalty == 0.0
         and params.logprobs is None
         and params.min_tokens == 0
+        and params.guided is None
     )
 
 

@@ -27,6 +27,8 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None  # how many top alternatives per token (0: only the chosen one)
+    # Structured output: the llguidance grammar compiled from `guided_decoding` (guide.py).
+    guided: str | None = None
     # Keys vLLM accepts that this engine does not act on (kept so a request is not refused).
     ignored: tuple[str, ...] = field(default=())
 
@@ -108,6 +110,11 @@ def parse_sampling_parameters(text: str | bytes | None) -> SamplingParams:
             if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
                 raise invalid_arg("sampling parameter 'stop' must be a string or a list of strings")
             values[name] = tuple(s for s in stops if s)
+        elif name == "guided_decoding":
+            from oceanus.backends.llm.guide import grammar_of
+
+            text = value if isinstance(value, str) else json.dumps(value)
+            values["guided"] = grammar_of(text)
         elif name in _IGNORED:
             ignored.append(name)
         else:

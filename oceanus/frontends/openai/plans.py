@@ -5,6 +5,7 @@ tool calls). Every mistake is a 400 that names its field, before anything is que
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import time
 import uuid
@@ -92,9 +93,23 @@ def _room(
     return asked
 
 
-def _guide(parameters: dict[str, Any], guide: dict[str, Any]) -> None:
+def _guide(parameters: dict[str, Any], guide: dict[str, Any], param: str) -> None:
     """Structured output for the engine, as Triton's frontend sends it to its vLLM backend: a
-    JSON text of vLLM's GuidedDecodingParams under `guided_decoding`."""
+    JSON text of vLLM's GuidedDecodingParams under `guided_decoding`. A schema the grammar
+    library (llguidance, docs/openai.md) cannot compile is a 400 here, before any queueing."""
+    # Without the library the model checks it (or refuses guided decoding).
+    if "json" in guide and importlib.util.find_spec("llguidance") is not None:
+        import llguidance
+
+        matcher = llguidance.LLMatcher
+        try:
+            error = matcher.validate_grammar(
+                matcher.grammar_from_json_schema(json.dumps(guide["json"]))
+            )
+        except Exception as exc:  # the library refuses it before validation
+            error = str(exc)
+        if error:
+            raise bad_request(f"the JSON schema cannot be compiled: {error}", param)
     parameters["guided_decoding"] = json.dumps(guide)
 
 
@@ -106,7 +121,7 @@ def _response_format(body: dict[str, Any], parameters: dict[str, Any]) -> None:
     if kind == "text":
         return
     if kind == "json_object":
-        _guide(parameters, {"json_object": True})
+        _guide(parameters, {"json_object": True}, "response_format")
         return
     if kind == "json_schema":
         spec = response_format.get("json_schema")
@@ -115,7 +130,7 @@ def _response_format(body: dict[str, Any], parameters: dict[str, Any]) -> None:
             raise bad_request(
                 "'response_format.json_schema.schema' must be an object", "response_format"
             )
-        _guide(parameters, {"json": schema})
+        _guide(parameters, {"json": schema}, "response_format")
         return
     raise bad_request(
         "'response_format.type' must be 'text', 'json_object' or 'json_schema'", "response_format"
@@ -187,7 +202,7 @@ def _tools(
     if name not in by_name:
         raise bad_request(f"tool_choice names a function not in 'tools': {name!r}", "tool_choice")
     schema = by_name[name].get("parameters") or {"type": "object"}
-    _guide(parameters, {"json": schema})
+    _guide(parameters, {"json": schema}, "tools")
     return tools, "named", name
 
 

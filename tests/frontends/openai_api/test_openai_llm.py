@@ -68,3 +68,46 @@ def test_completion_logprobs(client: Any) -> None:
     logprobs = reply.choices[0].logprobs
     assert len(logprobs.token_logprobs) == 4
     assert all(len(top) >= 1 for top in logprobs.top_logprobs)
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "size": {"enum": ["small", "large"]},
+        "count": {"type": "integer", "minimum": 0, "maximum": 9},
+    },
+    "required": ["ok", "size", "count"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema_output_parses_and_validates(client: Any) -> None:
+    """The model has random weights: only the grammar makes its reply valid JSON."""
+    jsonschema = pytest.importorskip("jsonschema")
+    pytest.importorskip("llguidance")
+    import json
+
+    for seed in range(3):
+        reply = client.chat.completions.create(
+            model="llm",
+            messages=[{"role": "user", "content": "Describe it"}],
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "thing", "schema": SCHEMA, "strict": True},
+            },
+            max_tokens=60,
+            seed=seed,
+        )
+        assert reply.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(reply.choices[0].message.content), SCHEMA)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="llm",
+            messages=[{"role": "user", "content": "x"}],
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "bad", "schema": {"type": "no-such-type"}},
+            },
+        )
+    assert caught.value.body["param"] == "response_format"
