@@ -50,6 +50,9 @@ INPUTS: list[tuple[str, int, list[int], bool]] = [
     ("return_logprobs", _B, [1], True),
     ("return_num_input_tokens", _B, [1], True),
     ("return_num_output_tokens", _B, [1], True),
+    # Embedding models' request (a JSON object), as the vLLM backend reserves it for the
+    # OpenAI frontend's /v1/embeddings (embedder.py).
+    ("embedding_request", _S, [1], True),
 ]
 OUTPUTS: list[tuple[str, int, list[int]]] = [
     ("text_output", _S, [-1]),
@@ -95,7 +98,12 @@ class LlmBackend(Backend):
                 f"max_batch_size must be 0, got {config.max_batch_size}"
             )
 
-    def load(self, context: LoadContext) -> LlmInstance:
+    def load(self, context: LoadContext) -> RequestInstance:
+        from oceanus.backends.llm.embedder import EmbeddingInstance, is_embedding_model
+
+        args = read_engine_args(context.files.version_dir, context.config.name)
+        if is_embedding_model(Path(args.model)):  # the model's own config says it embeds
+            return EmbeddingInstance(context)
         return LlmInstance(context)
 
 

@@ -242,6 +242,9 @@ class OpenAIFrontend:
         name = body["model"]
         self._resolve(name)
         self._require_inputs(name, "embedding_request")
+        text_input = any(
+            spec["name"] == "text_input" for spec in self.core.model_metadata(name)["inputs"]
+        )
         encoding = body.get("encoding_format", "float")
         if encoding not in ("float", "base64"):
             raise bad_request("'encoding_format' must be 'float' or 'base64'", "encoding_format")
@@ -259,7 +262,7 @@ class OpenAIFrontend:
             if dimensions is not None:
                 document["pooling_params"] = {"dimensions": [dimensions]}
             request = sampling.embedding_request(
-                name, "", document, f"embd-{uuid.uuid4().hex}-{number}"
+                name, "", document, f"embd-{uuid.uuid4().hex}-{number}", text_input
             )
             requests.append(_one_response(self.core.infer_stream(request)))
         responses = await asyncio.gather(*requests)

@@ -108,13 +108,16 @@ def generate_request(
 
 
 def embedding_request(
-    model: str, version: str, document: dict[str, Any], request_id: str
+    model: str, version: str, document: dict[str, Any], request_id: str, text_input: bool
 ) -> InferRequest:
-    """The vLLM backend's embedding request: one JSON document in `embedding_request`."""
+    """The vLLM backend's embedding request: one JSON document in `embedding_request` (and an
+    empty `text_input`, which that backend's config requires)."""
     inputs = [
         _text("embedding_request", _dumps(document)),
         _bool("return_num_input_tokens", True),
     ]
+    if text_input:
+        inputs.append(_text("text_input", ""))
     return InferRequest(model, version, id=request_id, inputs=inputs)
 
 

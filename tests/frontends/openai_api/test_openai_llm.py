@@ -1,6 +1,7 @@
 """The OpenAI API over the language-model engine (backend "vllm", issue 25): the same routes
 serve Triton's vLLM model folders; usage and the default max_tokens come from the model's own
-tokenizer and context length."""
+tokenizer and context length; structured output is enforced by the engine's grammar; an
+embedding model in the same folder form answers /v1/embeddings."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("transformers")
 pytest.importorskip("torch")
 
+from oceanus.examples.embedder import EMBEDDING_WIDTH, write_embedding_model  # noqa: E402
 from oceanus.examples.llm import write_llm_model  # noqa: E402
 from tests.conftest import ServerProcess  # noqa: E402
 
@@ -23,10 +25,13 @@ CONTEXT = 96
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     repository = tmp_path_factory.mktemp("openai_llm")
     write_llm_model(repository, "llm", engine_args={"max_model_len": CONTEXT})
+    write_embedding_model(repository, "embedder")
     process = ServerProcess([repository])
     try:
         process.wait_live()
-        yield openai.OpenAI(base_url=f"http://{process.http_url}/v1", api_key="unused")
+        client = openai.OpenAI(base_url=f"http://{process.http_url}/v1", api_key="unused")
+        client.repository = repository  # type: ignore[attr-defined]
+        yield client
     finally:
         process.stop()
 
@@ -111,3 +116,49 @@ def test_json_schema_output_parses_and_validates(client: Any) -> None:
             },
         )
     assert caught.value.body["param"] == "response_format"
+
+
+def _reference(folder: Any, texts: list[str]) -> Any:
+    """Mean pooling and normalizing as sentence-transformers defines them, with transformers."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModel.from_pretrained(str(folder)).eval()
+    rows = []
+    for text in texts:
+        ids = torch.tensor([tokenizer(text)["input_ids"]])
+        with torch.inference_mode():
+            hidden = model(input_ids=ids).last_hidden_state[0]
+        rows.append(torch.nn.functional.normalize(hidden.mean(dim=0), dim=0).numpy())
+    return rows
+
+
+def test_embeddings_float_base64_and_dimensions(client: Any) -> None:
+    import base64
+
+    import numpy as np
+
+    texts = ["hello world", "The weather is sunny"]
+    floats = client.embeddings.create(model="embedder", input=texts, encoding_format="float")
+    assert [d.index for d in floats.data] == [0, 1]
+    assert floats.usage.prompt_tokens > 0
+    expected = _reference(client.repository / "embedder" / "hf", texts)
+    for item, reference in zip(floats.data, expected, strict=True):
+        vector = np.array(item.embedding)
+        assert vector.shape == (EMBEDDING_WIDTH,)
+        np.testing.assert_allclose(vector, reference, atol=1e-5)
+    raw = client.with_raw_response.embeddings.create(
+        model="embedder", input="hello world", encoding_format="base64"
+    )
+    encoded = raw.http_response.json()["data"][0]["embedding"]
+    decoded = np.frombuffer(base64.b64decode(encoded), dtype="<f4")
+    np.testing.assert_allclose(decoded, floats.data[0].embedding, atol=1e-6)
+    short = client.embeddings.create(model="embedder", input="hello world", dimensions=16)
+    vector = np.array(short.data[0].embedding)
+    assert vector.shape == (16,) and abs(float(np.linalg.norm(vector)) - 1) < 1e-5
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model="embedder", input="x", dimensions=EMBEDDING_WIDTH + 1)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.embeddings.create(model="llm", input="x")  # a generating model does not embed
+    assert caught.value.status_code == 400
