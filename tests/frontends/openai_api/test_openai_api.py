@@ -272,3 +272,29 @@ def test_cut_stream_frees_the_model_at_once(client: Any) -> None:
     while seen != expected and time.monotonic() < deadline:
         seen = _running(client)
     assert seen == expected
+
+
+def test_n_choices_stream_side_by_side(client: Any) -> None:
+    stream = client.chat.completions.create(
+        model="toy_llm", messages=_say("two ways"), n=2, stream=True
+    )
+    texts = ["", ""]
+    finishes = [None, None]
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            finishes[choice.index] = choice.finish_reason or finishes[choice.index]
+    assert texts == ["two ways", "two ways"] and finishes == ["stop", "stop"]
+
+
+def test_chat_template_flag_replaces_the_models_own(tmp_path: Path, launch: Any) -> None:
+    """--chat-template (a file here): the toy model then reads the upper-cased message."""
+    write_toy_llm(tmp_path)
+    template = tmp_path / "template.jinja"
+    template.write_text("{% for m in messages %}{{ m.content | upper }}{% endfor %}")
+    process = launch([tmp_path], [f"--chat-template={template}"])
+    plain = openai.OpenAI(base_url=f"http://{process.http_url}/v1", api_key="x")
+    reply = plain.chat.completions.create(
+        model="toy_llm", messages=[{"role": "user", "content": "say:quiet words"}]
+    )
+    assert reply.choices[0].message.content == "QUIET WORDS"
