@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
