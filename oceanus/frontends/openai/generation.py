@@ -47,6 +47,15 @@ async def merged(core: ServerCore, plan: Plan) -> AsyncGenerator[tuple[int, Piec
             )
             streams.append((p * plan.n + j, core.infer_stream(request)))
 
+    if len(streams) == 1:  # the usual case: no queue, no task, one hop less per response
+        index, responses = streams[0]
+        try:
+            async for response in responses:
+                yield index, results.read(response)
+        finally:
+            await responses.aclose()  # type: ignore[attr-defined]
+        return
+
     async def pump(index: int, responses: AsyncIterator[InferResponse]) -> None:
         try:
             async for response in responses:
