@@ -153,8 +153,11 @@ def main() -> None:
 
     folder = cached_llm(args.size)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    max_len = prompt[1] + output[1] + 64  # room for the chat template
     jobs = {c: make_jobs(tokenizer, c * args.requests, prompt, output) for c in levels}  # type: ignore[arg-type]
+    # Room for the longest prompt (random ids re-encode longer), its output and the chat
+    # template: the OpenAI routes refuse what the context cannot hold, as OpenAI does.
+    longest = max(len(job.prompt_ids) for batch in jobs.values() for job in batch)
+    max_len = longest + output[1] + 64
     log_dir = Path(tempfile.mkdtemp(prefix="bench-openai-"))
     repo = log_dir / "repo"
     engine_args = {"max_model_len": max_len, "max_num_seqs": args.max_num_seqs}
