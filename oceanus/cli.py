@@ -129,6 +129,20 @@ def build_parser() -> argparse.ArgumentParser:
     add("--http-port", type=parse_port, default=8000)
     add("--grpc-port", type=parse_port, default=8001)
     add("--metrics-port", type=parse_port, default=8002)
+    add(
+        "--openai-port",
+        type=parse_port,
+        default=None,
+        help="Oceanus: also serve the OpenAI-compatible API (/v1/...) on this port (Triton's "
+        "OpenAI frontend listens on 9000); it is always on the HTTP port (docs/openai.md)",
+    )
+    add(
+        "--chat-template",
+        default=None,
+        metavar="TEMPLATE|FILE",
+        help="Oceanus: a Jinja chat template (or its file) for the OpenAI chat route, instead "
+        "of each model's own",
+    )
     add("--http-address", default="0.0.0.0")
     add("--grpc-address", default="0.0.0.0")
     add(
@@ -455,6 +469,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, list[str]]:
         http_header_forward_pattern=args.http_header_forward_pattern,
         grpc_header_forward_pattern=args.grpc_header_forward_pattern,
         model_namespacing=args.model_namespacing,
+        openai_port=args.openai_port,
+        chat_template=args.chat_template,
         reuse_grpc_port=args.reuse_grpc_port,
         grpc_keepalive_time=args.grpc_keepalive_time,
         grpc_keepalive_timeout=args.grpc_keepalive_timeout,

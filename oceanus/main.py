@@ -24,6 +24,7 @@ from oceanus.frontends.metrics import (
     parse_metrics_config,
 )
 from oceanus.frontends.metrics.server import enable_latency_recording
+from oceanus.frontends.openai import OpenAIFrontend
 from oceanus.frontends.workers.core_link import CoreLink
 from oceanus.frontends.workers.supervisor import FrontendWorkers, auto_workers, claim_port
 from oceanus.logs import configure, table
@@ -132,6 +133,8 @@ class Server:
         self._grpc: GrpcFrontend | None = None
         self._metrics: MetricsFrontend | None = None
         self._workers: FrontendWorkers | None = None
+        self._openai: OpenAIFrontend | None = None
+        self._openai_server: HttpServer | None = None
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -172,6 +175,14 @@ class Server:
             # HTTP last: once /v2/health/live answers, every other endpoint is up too.
             if settings.allow_metrics:
                 await self._start_metrics(core)
+            self._openai = OpenAIFrontend(
+                core,
+                settings.chat_template,
+                settings.http_restricted_apis,
+                settings.http_max_input_size,
+            )
+            if settings.openai_port is not None:
+                await self._start_openai(self._openai)
             workers = frontend_worker_count(settings)
             if workers > 0 and (settings.allow_http or settings.allow_grpc):
                 await self._start_workers(core, workers)
@@ -188,7 +199,7 @@ class Server:
             # --exit-timeout-secs; metrics stay up until they are done, so the drain can be
             # watched.
             drained = await asyncio.gather(
-                self._stop_http(), self._stop_grpc(), self._stop_workers()
+                self._stop_http(), self._stop_grpc(), self._stop_workers(), self._stop_openai()
             )
             await self._stop_metrics()
             await core.shutdown()
@@ -196,6 +207,28 @@ class Server:
             log.error("Exit timeout expired. Exiting immediately.")  # Triton's words, and exit 1
             return 1
         return 0
+
+    def _openai_routes(self) -> Any:
+        return self._openai.handle if self._openai is not None else None
+
+    async def _start_openai(self, frontend: OpenAIFrontend) -> None:
+        """`--openai-port`: the OpenAI routes alone on their own port (in this process)."""
+        settings = self.settings
+        assert settings.openai_port is not None
+        self._openai_server = HttpServer(frontend.handle_own_port, settings.http_max_input_size)
+        try:
+            await self._openai_server.start(settings.http_address, settings.openai_port)
+        except OSError as exc:
+            raise SystemExit(
+                f"failed to start the OpenAI service on {settings.http_address}:"
+                f"{settings.openai_port}: {exc.strerror}"
+            ) from None
+        log.info("Started OpenAI service at %s:%d", settings.http_address, settings.openai_port)
+
+    async def _stop_openai(self) -> bool:
+        if self._openai_server is None:
+            return True
+        return await self._openai_server.stop(self.settings.exit_timeout_secs)
 
     async def _start_http(self, core: ServerCore) -> None:
         settings = self.settings
@@ -205,6 +238,7 @@ class Server:
             settings.log,
             settings.http_restricted_apis,
             settings.http_header_forward_pattern,
+            self._openai_routes(),
         )
         self._http = HttpServer(
             frontend.handle, settings.http_max_input_size, settings.http_busy_poll_us
@@ -248,6 +282,7 @@ class Server:
             settings.log,
             settings.http_restricted_apis,
             settings.http_header_forward_pattern,
+            self._openai_routes(),
         )
         service = GrpcService(
             core,

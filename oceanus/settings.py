@@ -57,6 +57,10 @@ class Settings:
     grpc_header_forward_pattern: str = ""
     # --model-namespacing: the same model name may live in several repositories.
     model_namespacing: bool = False
+    # The OpenAI-compatible API (docs/openai.md): also on its own port (None: only on the HTTP
+    # port); --chat-template: a template (or its file) for every model instead of their own.
+    openai_port: int | None = None
+    chat_template: str | None = None
     log: LogSettings = field(default_factory=LogSettings)
     trace: TraceConfig = field(default_factory=TraceConfig)
     # gRPC frontend (Triton's --grpc-* flags; times in milliseconds)

@@ -30,8 +30,15 @@ def listeners(settings: Settings) -> list[Listener]:
         (settings.allow_grpc, "grpc", settings.grpc_address, settings.grpc_port),
         (settings.allow_metrics, "metrics", settings.metrics_address, settings.metrics_port),
     ]
+    if settings.openai_port is not None:
+        wanted.append((True, "openai", settings.http_address, settings.openai_port))
     return [
-        Listener(f"--{name}-port", f"--{name}-address", address, port)
+        Listener(
+            f"--{name}-port",
+            "--http-address" if name == "openai" else f"--{name}-address",
+            address,
+            port,
+        )
         for enabled, name, address, port in wanted
         if enabled and port > 0
     ]

@@ -32,6 +32,12 @@ def _openvino() -> Backend:
     return OpenVinoBackend()
 
 
+def _llm() -> Backend:
+    from oceanus.backends.llm.backend import LlmBackend
+
+    return LlmBackend()
+
+
 def _python() -> Backend:
     from oceanus.backends.python.backend import PythonBackend
 
@@ -79,6 +85,17 @@ def specs() -> list[BackendSpec]:
             install="pip install oceanus[openvino]",
         ),
         BackendSpec("python", _python, model_files={"model.py": ""}),
+        # Triton's vLLM model folders, and the same engine under our own name.
+        *(
+            BackendSpec(
+                name,
+                _llm,
+                framework="transformers",
+                label="the LLM engine (torch and transformers)",
+                install="pip install 'oceanus[llm]'",
+            )
+            for name in ("vllm", "oceanus_llm")
+        ),
     ]
 
 

@@ -103,6 +103,12 @@ class ResponseStream(Protocol):
         parameters: dict[str, Any] | None = None,
     ) -> None: ...
 
+    def cancelled(self) -> bool:
+        """Whether the reader left before the final response (a cancelled gRPC stream, a
+        closed SSE connection): a model that keeps generating after its request returned
+        (the LLM engine) polls this to free the request's place."""
+        ...
+
 
 class RequestJob(Protocol):
     """One request as a request-style backend receives it."""

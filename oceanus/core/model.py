@@ -345,7 +345,7 @@ class ResponseStream:
 
     Backends call `send` from any thread; it hands each response to the event loop."""
 
-    __slots__ = ("_empty_final", "_loop", "_mark_final", "_model", "_queue", "_request")
+    __slots__ = ("_empty_final", "_left", "_loop", "_mark_final", "_model", "_queue", "_request")
 
     def __init__(
         self,
@@ -366,6 +366,12 @@ class ResponseStream:
         asked = bool(request.parameters.get("triton_enable_empty_final_response"))
         self._mark_final = asked if mark_final is None else mark_final
         self._empty_final = asked if empty_final is None else empty_final
+        # Set on the loop when the reader leaves before the final response; read by backend
+        # threads (a plain bool: a stale read only delays the cancellation by one poll).
+        self._left = False
+
+    def cancelled(self) -> bool:
+        return self._left
 
     def send(
         self,
@@ -422,5 +428,7 @@ class ResponseStream:
                     finished = True
                     return
         finally:
-            if not finished and not future.done():
-                future.cancel()  # the caller left: a queued request leaves the queue
+            if not finished:
+                self._left = True
+                if not future.done():
+                    future.cancel()  # the caller left: a queued request leaves the queue

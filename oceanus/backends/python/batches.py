@@ -122,7 +122,9 @@ class InFlight:
         self.decoupled = decoupled
         self.lock = lock
         self.batches: dict[int, Batch] = {}
-        self.jobs: dict[int, RequestJob] = {}  # key -> job, while its batch executes
+        # key -> job, while its batch executes (decoupled: until its final response, since a
+        # model that answers from its own thread asks `is_cancelled()` after execute returned)
+        self.jobs: dict[int, RequestJob] = {}
         self.streams: dict[int, ResponseStream | None] = {}  # key -> its stream (decoupled)
         # key -> (outputs or error, parameters): a non-decoupled model's response sent through
         # its response sender, until the batch's result comes (read and written by the one
@@ -142,9 +144,11 @@ class InFlight:
             self.batches.pop(batch_id, None)
 
     def finished(self, batch: Batch) -> None:
-        """The batch's execution ended: cancellation queries about its requests are late."""
+        """The batch's execution ended: cancellation queries about its requests are late
+        (except for decoupled requests whose final response has not come yet)."""
         for key in batch.keys:
-            self.jobs.pop(key, None)
+            if key not in self.streams:
+                self.jobs.pop(key, None)
 
     def forget_streams(self, batch: Batch) -> None:
         """The batch failed as a whole: its requests' streams are the core's to end."""
@@ -152,6 +156,7 @@ class InFlight:
             with self.lock:
                 for key in batch.keys:
                     self.streams.pop(key, None)
+                    self.jobs.pop(key, None)
 
     def take_all(self) -> tuple[list[Batch], list[ResponseStream | None]]:
         """Everything in flight, for a stub that is gone (the caller holds the lock)."""
@@ -220,6 +225,7 @@ class InFlight:
         stream = self.streams.get(key)
         if message.final:
             self.streams.pop(key, None)
+            self.jobs.pop(key, None)
         if stream is None:
             return
         if isinstance(result, InferenceServerError):

@@ -94,6 +94,9 @@ class _WarmupStream:
         if final:
             self.finished.set()
 
+    def cancelled(self) -> bool:
+        return False
+
 
 def load_version(
     config: mc.ModelConfig,

@@ -55,7 +55,8 @@ class Job:
     response_parameters: dict[str, Any] | None = None
 
     def cancelled(self) -> bool:
-        return self.future.cancelled()
+        # A decoupled request's caller may leave after execute() returned (core/model.py).
+        return self.future.cancelled() or (self.stream is not None and self.stream.cancelled())
 
 
 @dataclass(slots=True)

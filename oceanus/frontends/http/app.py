@@ -60,8 +60,11 @@ class HttpFrontend:
         log_settings: LogSettings | None = None,
         restrictions: dict[str, tuple[str, str]] | None = None,
         header_forward: str = "",
+        openai: Callable[[HttpRequest], Outcome] | None = None,
     ) -> None:
         self.core = core
+        # The OpenAI-compatible routes (`/v1/...`, frontends/openai), when served on this port.
+        self.openai = openai
         self.max_input_size = max_input_size
         # --http-header-forward-pattern
         self.header_forward = HeaderForward(header_forward)
@@ -82,6 +85,8 @@ class HttpFrontend:
         method = request.method
         # Routing is strict, as in Triton: no trailing slashes, versions are digits.
         parts = request.path.split("/")[1:]
+        if parts and parts[0] == "v1" and self.openai is not None:
+            return self.openai(request)
         if not parts or parts[0] != "v2":
             raise HttpError(404, "Not Found")
         parts = parts[1:]

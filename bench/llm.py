@@ -1,0 +1,461 @@
+"""Language-model serving (issue 25): output tokens/s, time to first token and time per output
+token (p50, p99) at several concurrencies, the generated ~100 M-parameter Llama model, against
+the baselines the issue names, all measured in one run so that their ratios hold on a noisy,
+shared machine:
+
+  oceanus   the server (`generate_stream`, SSE), our continuous-batching engine
+  inproc    the same engine in process, no server (the limit)
+  hf_cb     transformers' own continuous batching (`generate_batch`, paged attention) in process
+  naive     FastAPI calling transformers' `generate` per request (bench/llm_naive_server.py)
+  serve     `transformers serve --continuous-batching` (its OpenAI API, /v1/completions stream)
+
+Each of `concurrency` clients sends `--requests` requests one after the other; prompts and
+output lengths are drawn once (fixed seed) from the given ranges and shared by every target.
+Outputs ignore EOS where the target allows it, so every target writes the same token counts.
+The naive server does not stream: its time to first token is its whole latency.
+
+    python bench/llm.py [--size 100m] [--concurrency 1,8,32] [--prompt-tokens 32,512]
+                        [--output-tokens 64,256] [--requests 1] [--targets oceanus,inproc,...]
+
+Prints a table and writes bench/results/llm-<timestamp>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+import benchlib
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = ("oceanus", "inproc", "hf_cb", "naive", "serve")
+
+
+@dataclass
+class Job:
+    prompt_ids: list[int]
+    prompt: str
+    tokens: int
+
+
+@dataclass
+class Sample:
+    ttft_s: float
+    e2e_s: float
+    tokens: int
+
+    @property
+    def tpot_s(self) -> float:
+        return (self.e2e_s - self.ttft_s) / max(self.tokens - 1, 1)
+
+
+def make_jobs(
+    tokenizer: Any, count: int, prompt: tuple[int, int], output: tuple[int, int]
+) -> list[Job]:
+    rng = random.Random(25)
+    vocab = len(tokenizer)
+    jobs = []
+    for _ in range(count):
+        ids = [rng.randrange(8, vocab) for _ in range(rng.randint(*prompt))]
+        text = tokenizer.decode(ids)
+        jobs.append(Job(tokenizer(text)["input_ids"], text, rng.randint(*output)))
+    return jobs
+
+
+def summarize(samples: list[Sample], wall_s: float) -> dict[str, float]:
+    tokens = sum(s.tokens for s in samples)
+    ttft = [s.ttft_s * 1000 for s in samples]
+    tpot = [s.tpot_s * 1000 for s in samples]
+    return {
+        "requests": len(samples),
+        "output_tokens": tokens,
+        "wall_s": wall_s,
+        "tokens_per_s": tokens / wall_s if wall_s else 0.0,
+        "ttft_p50_ms": benchlib.percentile(ttft, 50),
+        "ttft_p99_ms": benchlib.percentile(ttft, 99),
+        "tpot_p50_ms": benchlib.percentile(tpot, 50),
+        "tpot_p99_ms": benchlib.percentile(tpot, 99),
+    }
+
+
+# ---- in process -------------------------------------------------------------------------------
+
+
+def run_inproc(engine: Any, jobs: list[Job], concurrency: int) -> dict[str, float]:
+    from oceanus.backends.llm.sampling import SamplingParams
+
+    samples: list[Sample] = []
+    lock = threading.Lock()
+    done = threading.Event()
+    pending = list(reversed(jobs))
+    remaining = [len(jobs)]
+
+    def start() -> None:
+        with lock:
+            if not pending:
+                return
+            job = pending.pop()
+        began = time.perf_counter()
+        first = [0.0]
+        count = [0]
+
+        def sink(out: Any) -> None:
+            count[0] += len(out.token_ids)
+            if out.token_ids and not first[0]:
+                first[0] = time.perf_counter()
+            if out.finished:
+                now = time.perf_counter()
+                with lock:
+                    samples.append(Sample(first[0] - began, now - began, count[0]))
+                    remaining[0] -= 1
+                    if remaining[0] == 0:
+                        done.set()
+                start()
+
+        params = SamplingParams(max_tokens=job.tokens, temperature=0.0, ignore_eos=True)
+        engine.submit(job.prompt_ids, params, sink)
+
+    began = time.perf_counter()
+    for _ in range(concurrency):
+        start()
+    done.wait()
+    return summarize(samples, time.perf_counter() - began)
+
+
+def run_hf_cb(manager: Any, jobs: list[Job], concurrency: int) -> dict[str, float]:
+    """transformers' continuous-batching manager (kept running across points), `concurrency`
+    client threads each streaming one request at a time through `request_id_iter`."""
+    samples: list[Sample] = []
+    lock = threading.Lock()
+    pending = list(reversed(jobs))
+
+    def client() -> None:
+        while True:
+            with lock:
+                if not pending:
+                    return
+                job = pending.pop()
+            began = time.perf_counter()
+            first = 0.0
+            rid = manager.add_request(
+                job.prompt_ids, max_new_tokens=job.tokens, streaming=True, eos_token_id=-1
+            )
+            count = 0
+            for out in manager.request_id_iter(rid):
+                count = len(out.generated_tokens)
+                if count and not first:
+                    first = time.perf_counter()
+            now = time.perf_counter()
+            with lock:
+                samples.append(Sample((first or now) - began, now - began, count))
+
+    began = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return summarize(samples, time.perf_counter() - began)
+
+
+# ---- over HTTP --------------------------------------------------------------------------------
+
+
+async def _one_sse(session: Any, url: str, body: dict[str, Any], parse: Any) -> Sample:
+    began = time.perf_counter()
+    first = 0.0
+    tokens = 0
+    async with session.post(url, json=body) as response:
+        if response.status != 200:
+            raise RuntimeError(f"{url}: {response.status} {await response.text()}")
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            got = parse(json.loads(line[6:]))
+            if got and not first:
+                first = time.perf_counter()
+            tokens += got
+    end = time.perf_counter()
+    return Sample((first or end) - began, end - began, tokens)
+
+
+async def _one_json(session: Any, url: str, body: dict[str, Any]) -> Sample:
+    began = time.perf_counter()
+    async with session.post(url, json=body) as response:
+        data = await response.json()
+    end = time.perf_counter()
+    return Sample(end - began, end - began, int(data["tokens"]))
+
+
+async def run_http(
+    target: str, url: str, model: str, jobs: list[Job], concurrency: int
+) -> dict[str, float]:
+    import aiohttp
+
+    queue = list(reversed(jobs))
+    samples: list[Sample] = []
+
+    def request(session: Any, job: Job) -> Any:
+        if target == "oceanus":
+            body = {
+                "text_input": job.prompt,
+                "stream": True,
+                "sampling_parameters": json.dumps(
+                    {"max_tokens": job.tokens, "temperature": 0, "ignore_eos": True}
+                ),
+                "return_num_output_tokens": True,
+            }
+            return _one_sse(
+                session,
+                f"{url}/v2/models/{model}/generate_stream",
+                body,
+                lambda event: int(event.get("num_output_tokens", 0)),
+            )
+        if target == "serve":
+            body = {
+                "model": model,
+                "prompt": job.prompt,
+                "max_tokens": job.tokens,
+                "stream": True,
+                "temperature": 0,
+            }
+
+            def tokens(event: dict[str, Any]) -> int:
+                choices = event.get("choices") or []
+                return 1 if choices and choices[0].get("text") else 0
+
+            return _one_sse(session, f"{url}/v1/completions", body, tokens)
+        return _one_json(
+            session, f"{url}/generate", {"text_input": job.prompt, "max_tokens": job.tokens}
+        )
+
+    async def client(session: Any) -> None:
+        while queue:
+            samples.append(await request(session, queue.pop()))
+
+    timeout = aiohttp.ClientTimeout(total=3600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        began = time.perf_counter()
+        await asyncio.gather(*(client(session) for _ in range(concurrency)))
+        wall = time.perf_counter() - began
+    return summarize(samples, wall)
+
+
+@contextlib.contextmanager
+def process(argv: list[str], port: int, health: str, log: Path) -> Iterator[str]:
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        try:
+            benchlib.wait_http_ok(f"http://127.0.0.1:{port}{health}", proc, timeout=300)
+        except (RuntimeError, TimeoutError) as exc:
+            raise RuntimeError(
+                f"{argv[:4]} did not start ({exc}): {log.read_text()[-1500:]}"
+            ) from None
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        benchlib.stop_process(proc)
+
+
+def server_argv(target: str, folder: Path, repo: Path, port: int) -> tuple[list[str], str]:
+    if target == "oceanus":
+        grpc, metrics = benchlib.free_port(), benchlib.free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "oceanus",
+            f"--model-repository={repo}",
+            f"--http-port={port}",
+            f"--grpc-port={grpc}",
+            f"--metrics-port={metrics}",
+            "--http-address=127.0.0.1",
+            "--grpc-address=127.0.0.1",
+            "--metrics-address=127.0.0.1",
+        ]
+        return argv, "/v2/health/ready"
+    if target == "naive":
+        return [
+            sys.executable,
+            str(ROOT / "bench" / "llm_naive_server.py"),
+            "--model",
+            str(folder),
+            "--port",
+            str(port),
+        ], "/health"
+    return [
+        "transformers",
+        "serve",
+        "--continuous-batching",
+        "--device",
+        "cpu",
+        "--port",
+        str(port),
+        str(folder),
+    ], "/health"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--size", default="100m")
+    parser.add_argument("--concurrency", default="1,8,32")
+    parser.add_argument("--prompt-tokens", default="32,512")
+    parser.add_argument("--output-tokens", default="64,256")
+    parser.add_argument("--requests", type=int, default=1, help="per client")
+    parser.add_argument("--targets", default=",".join(TARGETS))
+    parser.add_argument("--max-num-seqs", type=int, default=32)
+    args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    low, high = (int(x) for x in args.prompt_tokens.split(","))
+    prompt = (low, high)
+    low, high = (int(x) for x in args.output_tokens.split(","))
+    output = (low, high)
+    targets = args.targets.split(",")
+    load_before = benchlib.loadavg()
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from oceanus.backends.llm.args import EngineArgs
+    from oceanus.backends.llm.engine import Engine
+    from oceanus.examples.llm import cached_llm, write_llm_model
+
+    folder = cached_llm(args.size)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    max_len = prompt[1] + output[1] + 8
+    jobs = {c: make_jobs(tokenizer, c * args.requests, prompt, output) for c in levels}
+    results: dict[str, dict[str, Any]] = {t: {} for t in targets}
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-llm-"))
+    repo = log_dir / "repo"
+    write_llm_model(
+        repo,
+        "llm",
+        size=args.size,
+        engine_args={"max_model_len": max_len, "max_num_seqs": args.max_num_seqs},
+    )
+
+    def point(target: str, c: int, result: dict[str, Any]) -> None:
+        results[target][str(c)] = result
+        print(
+            f"{target:8s} c={c:<3d} {json.dumps({k: round(v, 2) for k, v in result.items()})}",
+            flush=True,
+        )
+
+    if "inproc" in targets:
+        engine = Engine(
+            EngineArgs(
+                model=folder,
+                tokenizer=folder,
+                max_model_len=max_len,
+                max_num_seqs=args.max_num_seqs,
+            ),
+            threads=torch.get_num_threads(),
+        )
+        run_inproc(engine, jobs[levels[0]][:1], 1)  # warm-up
+        for c in levels:
+            point("inproc", c, run_inproc(engine, jobs[c], c))
+        engine.close()
+    if "hf_cb" in targets:
+        from transformers import GenerationConfig
+
+        model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="paged|sdpa")
+        config = GenerationConfig(
+            max_new_tokens=output[1], do_sample=False, eos_token_id=-1, pad_token_id=0
+        )
+        manager = model.eval().init_continuous_batching(generation_config=config)
+        manager.start()
+        run_hf_cb(manager, jobs[levels[0]][:1], 1)  # warm-up
+        for c in levels:
+            point("hf_cb", c, run_hf_cb(manager, jobs[c], c))
+        manager.stop(block=True)
+        del model, manager
+    for target in ("oceanus", "naive", "serve"):
+        if target not in targets:
+            continue
+        port = benchlib.free_port()
+        argv, health = server_argv(target, folder, repo, port)
+        try:
+            with process(argv, port, health, log_dir / f"{target}.log") as url:
+                name = "llm" if target == "oceanus" else str(folder)
+                asyncio.run(run_http(target, url, name, jobs[levels[0]][:1], 1))  # warm-up
+                for c in levels:
+                    point(target, c, asyncio.run(run_http(target, url, name, jobs[c], c)))
+        except Exception as exc:  # a baseline that does not run here is reported, not fatal
+            results[target]["error"] = str(exc)[-500:]
+            print(f"{target}: failed: {str(exc)[-300:]}", flush=True)
+
+    rows = []
+    for target in targets:
+        for c in levels:
+            r = results[target].get(str(c))
+            if r is None:
+                continue
+            rows.append(
+                [
+                    target,
+                    c,
+                    benchlib.fmt_num(r["tokens_per_s"]),
+                    benchlib.fmt_num(r.get("ttft_p50_ms")),
+                    benchlib.fmt_num(r.get("ttft_p99_ms")),
+                    benchlib.fmt_num(r.get("tpot_p50_ms")),
+                    benchlib.fmt_num(r.get("tpot_p99_ms")),
+                ]
+            )
+    print(
+        benchlib.table(
+            ["target", "c", "tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms"],
+            rows,
+        )
+    )
+    ratios = {}
+    ours = results.get("oceanus", {})
+    for other in ("naive", "serve", "inproc", "hf_cb"):
+        for c in levels:
+            a, b = ours.get(str(c)), results.get(other, {}).get(str(c))
+            if a and b and b.get("tokens_per_s"):
+                ratios[f"oceanus/{other} c{c}"] = a["tokens_per_s"] / b["tokens_per_s"]
+    if ours.get(str(levels[0])) and ours.get(str(levels[-1])):
+        ratios[f"ttft_p99 c{levels[-1]}/c{levels[0]}"] = (
+            ours[str(levels[-1])]["ttft_p99_ms"] / ours[str(levels[0])]["ttft_p99_ms"]
+        )
+    for key, value in ratios.items():
+        print(f"{key}: {value:.2f}x")
+    out_dir = Path(__file__).parent / "results"
+    out_dir.mkdir(exist_ok=True)
+    out = out_dir / f"llm-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(
+        json.dumps(
+            {
+                "size": args.size,
+                "concurrency": levels,
+                "prompt_tokens": prompt,
+                "output_tokens": output,
+                "requests_per_client": args.requests,
+                "loadavg_before": load_before,
+                "loadavg_after": benchlib.loadavg(),
+                "results": results,
+                "ratios": ratios,
+            },
+            indent=2,
+        )
+    )
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

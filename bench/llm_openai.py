@@ -1,0 +1,219 @@
+"""The OpenAI route against `generate_stream` on one server, in one run (issue 26's target:
+the OpenAI route's output tokens/s >= 0.95x the generate_stream route's), and how fast
+`/v2/health/ready` answers while the streams run (target: every probe within 50 ms at c32).
+
+Both routes stream the same prompts with the same output lengths (EOS ignored, greedy), as
+`/v1/completions` (the prompt goes to the model as it is) and as `/v1/chat/completions` (the
+model's chat template around it); tokens are counted from the servers' own usage numbers. The
+routes alternate per concurrency level, so machine noise hits both alike.
+
+    python bench/llm_openai.py [--size tiny|100m] [--concurrency 1,8,32] [--prompt-tokens 32,512]
+                           [--output-tokens 64,256] [--requests 1]
+
+Prints a table and writes bench/results/llm_openai-<timestamp>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+import benchlib
+from llm import Job, _one_sse, make_jobs, process, server_argv, summarize
+
+ROUTES = ("generate_stream", "completions", "chat")
+
+
+def _request(route: str, session: Any, url: str, job: Job) -> Any:
+    sampling = {"max_tokens": job.tokens, "temperature": 0, "ignore_eos": True}
+    if route == "generate_stream":
+        body = {
+            "text_input": job.prompt,
+            "stream": True,
+            "sampling_parameters": json.dumps(sampling),
+            "return_num_output_tokens": True,
+        }
+        return _one_sse(
+            session,
+            f"{url}/v2/models/llm/generate_stream",
+            body,
+            lambda event: int(event.get("num_output_tokens", 0)),
+        )
+
+    def tokens(event: dict[str, Any]) -> int:
+        usage = event.get("usage")
+        if usage:  # the last chunk: the total (include_usage)
+            return 0
+        choices = event.get("choices") or []
+        if not choices:
+            return 0
+        part = (
+            choices[0].get("text") if route == "completions" else choices[0]["delta"].get("content")
+        )
+        return 1 if part else 0
+
+    body = {"model": "llm", "stream": True, "stream_options": {"include_usage": True}, **sampling}
+    if route == "completions":
+        body["prompt"] = job.prompt
+        path = "/v1/completions"
+    else:
+        body["messages"] = [{"role": "user", "content": job.prompt}]
+        path = "/v1/chat/completions"
+    return _one_sse_usage(session, f"{url}{path}", body, tokens)
+
+
+async def _one_sse_usage(session: Any, url: str, body: dict[str, Any], parse: Any) -> Any:
+    """An OpenAI stream: first-token time from the first text chunk, tokens from the usage."""
+    began = time.perf_counter()
+    first = 0.0
+    tokens = 0
+    async with session.post(url, json=body) as response:
+        if response.status != 200:
+            raise RuntimeError(f"{url}: {response.status} {await response.text()}")
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if parse(event) and not first:
+                first = time.perf_counter()
+            usage = event.get("usage")
+            if usage:
+                tokens = int(usage["completion_tokens"])
+    end = time.perf_counter()
+    from llm import Sample
+
+    return Sample((first or end) - began, end - began, tokens)
+
+
+async def _run(route: str, url: str, jobs: list[Job], concurrency: int) -> dict[str, Any]:
+    import aiohttp
+
+    queue = list(reversed(jobs))
+    samples: list[Any] = []
+    probes: list[float] = []
+    done = asyncio.Event()
+
+    async def client(session: Any) -> None:
+        while queue:
+            samples.append(await _request(route, session, url, queue.pop()))
+
+    async def probe(session: Any) -> None:
+        """/v2/health/ready every 100 ms while the streams run."""
+        while not done.is_set():
+            began = time.perf_counter()
+            async with session.get(f"{url}/v2/health/ready") as response:
+                await response.read()
+                assert response.status == 200
+            probes.append((time.perf_counter() - began) * 1000)
+            await asyncio.sleep(0.1)
+
+    timeout = aiohttp.ClientTimeout(total=3600)
+    connector = aiohttp.TCPConnector(limit=concurrency + 2)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        prober = asyncio.ensure_future(probe(session))
+        began = time.perf_counter()
+        await asyncio.gather(*(client(session) for _ in range(concurrency)))
+        wall = time.perf_counter() - began
+        done.set()
+        await prober
+    result: dict[str, Any] = summarize(samples, wall)
+    result["completed"] = len(samples)
+    result["health_max_ms"] = max(probes) if probes else 0.0
+    result["health_p50_ms"] = benchlib.percentile(probes, 50) if probes else 0.0
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--size", default="100m")
+    parser.add_argument("--concurrency", default="1,8,32")
+    parser.add_argument("--prompt-tokens", default="32,512")
+    parser.add_argument("--output-tokens", default="64,256")
+    parser.add_argument("--requests", type=int, default=1, help="per client")
+    parser.add_argument("--max-num-seqs", type=int, default=32)
+    args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    prompt = tuple(int(x) for x in args.prompt_tokens.split(","))
+    output = tuple(int(x) for x in args.output_tokens.split(","))
+    load_before = benchlib.loadavg()
+
+    from transformers import AutoTokenizer
+
+    from oceanus.examples.llm import cached_llm, write_llm_model
+
+    folder = cached_llm(args.size)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    jobs = {c: make_jobs(tokenizer, c * args.requests, prompt, output) for c in levels}  # type: ignore[arg-type]
+    # Room for the longest prompt (random ids re-encode longer), its output and the chat
+    # template: the OpenAI routes refuse what the context cannot hold, as OpenAI does.
+    longest = max(len(job.prompt_ids) for batch in jobs.values() for job in batch)
+    max_len = longest + output[1] + 64
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-openai-"))
+    repo = log_dir / "repo"
+    engine_args = {"max_model_len": max_len, "max_num_seqs": args.max_num_seqs}
+    write_llm_model(repo, "llm", size=args.size, engine_args=engine_args)
+    port = benchlib.free_port()
+    argv, health = server_argv("oceanus", folder, repo, port)
+    results: dict[str, dict[str, Any]] = {route: {} for route in ROUTES}
+    with process(argv, port, health, log_dir / "oceanus.log") as url:
+        for route in ROUTES:
+            asyncio.run(_run(route, url, jobs[levels[0]][:1], 1))  # warm-up
+        for c in levels:
+            for route in ROUTES:
+                result = asyncio.run(_run(route, url, jobs[c], c))
+                results[route][str(c)] = result
+                shown = {k: round(v, 2) for k, v in result.items()}
+                print(f"{route:15s} c={c:<3d} {json.dumps(shown)}", flush=True)
+    rows = []
+    for c in levels:
+        base = results["generate_stream"][str(c)]["tokens_per_s"]
+        for route in ROUTES:
+            r = results[route][str(c)]
+            rows.append(
+                [
+                    route,
+                    c,
+                    f"{r['completed']}/{len(jobs[c])}",
+                    benchlib.fmt_num(r["tokens_per_s"]),
+                    f"{r['tokens_per_s'] / base:.2f}x" if base else "-",
+                    benchlib.fmt_num(r["ttft_p50_ms"]),
+                    benchlib.fmt_num(r["tpot_p50_ms"]),
+                    benchlib.fmt_num(r["health_max_ms"]),
+                ]
+            )
+    print(
+        benchlib.table(
+            [
+                "route",
+                "c",
+                "done",
+                "tok/s",
+                "vs generate_stream",
+                "TTFT p50 ms",
+                "TPOT p50 ms",
+                "health max ms",
+            ],
+            rows,
+        )
+    )
+    print(f"model {args.size}; load average before {load_before} (a shared machine)")
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (out / f"llm_openai-{stamp}.json").write_text(
+        json.dumps({"args": vars(args), "load_before": load_before, "results": results}, indent=2)
+    )
+
+
+if __name__ == "__main__":
+    main()

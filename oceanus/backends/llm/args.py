@@ -1,0 +1,138 @@
+"""`model.json`, the engine arguments of Triton's vLLM backend, read for the CPU engine.
+
+vLLM's own keys keep their meaning; keys that only steer GPUs (memory fraction, parallelism,
+CUDA graphs) are accepted and logged as ignored, so a folder written for Triton loads unchanged."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from oceanus.core.errors import invalid_arg, unavailable
+
+log = logging.getLogger("oceanus.backends.llm")
+
+MODEL_JSON = "model.json"
+
+# vLLM engine arguments that mean nothing to a CPU engine.
+GPU_ONLY = frozenset(
+    {
+        "gpu_memory_utilization",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "enforce_eager",
+        "swap_space",
+        "block_size",
+        "cpu_offload_gb",
+        "max_seq_len_to_capture",
+        "disable_custom_all_reduce",
+        "kv_cache_dtype",
+        "quantization",
+        "distributed_executor_backend",
+        "num_gpu_blocks_override",
+        "enable_prefix_caching",
+        "enable_chunked_prefill",
+        "disable_log_stats",
+        "disable_log_requests",
+        "worker_use_ray",
+        "engine_use_ray",
+    }
+)
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    model: Path  # the Hugging Face folder
+    tokenizer: Path
+    dtype: str = "float32"
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    max_num_seqs: int = 32  # sequences decoded together (the running batch)
+    seed: int = 0
+    trust_remote_code: bool = False
+    # Tokens prefilled per engine step, over all prompts being prefilled (chunked prefill).
+    max_num_batched_tokens: int = 512
+    # KV-cache token budget: admitted requests reserve prompt + max_tokens; beyond it, wait.
+    kv_cache_tokens: int | None = None  # None: max_num_seqs * max_model_len
+    # Threads torch may use for this engine (None: the instance's share of the cores).
+    num_threads: int | None = None
+
+
+def _resolve(name: str, version_dir: Path) -> Path:
+    """A local folder (absolute or relative to the version folder), else a model name found in
+    the local Hugging Face cache (nothing is downloaded)."""
+    path = Path(name).expanduser()
+    for candidate in (path, version_dir / path):
+        if candidate.is_dir():
+            return candidate
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception:
+        raise unavailable(
+            f"model '{name}' in {MODEL_JSON} is neither a local folder nor in the local Hugging "
+            "Face cache (Oceanus downloads nothing at load: fetch it first, e.g. "
+            f"`huggingface-cli download {name}`)"
+        ) from None
+
+
+def _int(raw: dict[str, Any], key: str, default: int | None) -> int | None:
+    value = raw.get(key, default)
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise invalid_arg(f"{MODEL_JSON}: '{key}' must be an integer, got {value!r}") from None
+    if number < 1:
+        raise invalid_arg(f"{MODEL_JSON}: '{key}' must be at least 1, got {value!r}")
+    return number
+
+
+def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
+    path = version_dir / MODEL_JSON
+    if not path.is_file():
+        raise unavailable(
+            f"'{MODEL_JSON}' containing vllm engine args must be provided in '{version_dir}'"
+        )
+    try:
+        raw = json.loads(path.read_text())
+    except ValueError as exc:
+        raise invalid_arg(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("model"), str):
+        raise invalid_arg(f"{path}: a JSON object with a 'model' string is required")
+    known = {f for f in EngineArgs.__dataclass_fields__}
+    for key in sorted(raw):
+        if key in GPU_ONLY:
+            log.info("model '%s': %s key '%s' ignored (GPU-only)", model_name, MODEL_JSON, key)
+        elif key not in known:
+            log.warning("model '%s': %s key '%s' ignored (unknown)", model_name, MODEL_JSON, key)
+    model = _resolve(raw["model"], version_dir)
+    tokenizer = _resolve(raw["tokenizer"], version_dir) if raw.get("tokenizer") else model
+    dtype = str(raw.get("dtype", "auto"))
+    if dtype in ("auto", "half", "float16"):
+        # CPUs have no fast float16 matmul: "auto" and float16 run float32 (bfloat16 if asked).
+        dtype = "float32"
+    if dtype not in ("float32", "bfloat16"):
+        raise invalid_arg(f"{path}: dtype must be auto, float32 or bfloat16, got {dtype!r}")
+    remote = raw.get("trust_remote_code", False)
+    return EngineArgs(
+        model=model,
+        tokenizer=tokenizer,
+        dtype=dtype,
+        max_model_len=_int(raw, "max_model_len", None),
+        max_num_seqs=_int(raw, "max_num_seqs", 32) or 32,
+        seed=int(raw.get("seed", 0) or 0),
+        trust_remote_code=remote is True or str(remote).lower() == "true",
+        max_num_batched_tokens=_int(raw, "max_num_batched_tokens", 512) or 512,
+        kv_cache_tokens=_int(raw, "kv_cache_tokens", None),
+        num_threads=_int(raw, "num_threads", None),
+    )
+
+
+def cache_dir_hint() -> str:
+    return os.environ.get("HF_HOME", "~/.cache/huggingface")

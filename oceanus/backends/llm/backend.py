@@ -1,0 +1,280 @@
+"""The LLM backend: Triton's vLLM model folders served by our CPU engine (engine.py).
+
+The config is completed as Triton's vLLM backend completes it (decoupled, `max_batch_size: 0`,
+its inputs and outputs); each request is parsed here into a prompt and sampling parameters,
+handed to the engine, and answered through its response stream as the engine produces text.
+`execute_requests` returns once the engine has admitted the request, so requests beyond the
+engine's KV-cache budget wait in the server's queue (where the queue metrics see them)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch  # noqa: F401 - imported here so that a missing torch names the llm extra
+import transformers  # noqa: F401 - likewise
+from tritonclient.grpc import model_config_pb2 as mc
+
+from oceanus.backends.llm.args import MODEL_JSON, read_engine_args
+from oceanus.backends.llm.engine import Engine, StepOutput
+from oceanus.backends.llm.metrics import LlmMetrics
+from oceanus.backends.llm.sampling import SamplingParams, parse_sampling_parameters
+from oceanus.core.backend import (
+    Backend,
+    LoadContext,
+    RequestInstance,
+    RequestJob,
+    RequestsResult,
+    ResponseStream,
+)
+from oceanus.core.errors import InferenceServerError, invalid_arg
+
+log = logging.getLogger("oceanus.backends.llm")
+
+_S, _B = mc.DataType.TYPE_STRING, mc.DataType.TYPE_BOOL
+# The vLLM backend's tensors (triton-inference-server/vllm_backend src/model.py), in its order.
+INPUTS: list[tuple[str, int, list[int], bool]] = [
+    ("text_input", _S, [1], False),
+    ("stream", _B, [1], True),
+    ("sampling_parameters", _S, [1], True),
+    ("exclude_input_in_output", _B, [1], True),
+    ("return_finish_reason", _B, [1], True),
+    ("return_cumulative_logprob", _B, [1], True),
+    ("return_logprobs", _B, [1], True),
+    ("return_num_input_tokens", _B, [1], True),
+    ("return_num_output_tokens", _B, [1], True),
+    # Embedding models' request (a JSON object), as the vLLM backend reserves it for the
+    # OpenAI frontend's /v1/embeddings (embedder.py).
+    ("embedding_request", _S, [1], True),
+]
+OUTPUTS: list[tuple[str, int, list[int]]] = [
+    ("text_output", _S, [-1]),
+    ("finish_reason", _S, [-1]),
+    ("cumulative_logprob", mc.DataType.TYPE_FP32, [-1]),
+    ("logprobs", _S, [-1]),
+    ("num_input_tokens", mc.DataType.TYPE_UINT32, [1]),
+    ("num_output_tokens", mc.DataType.TYPE_UINT32, [-1]),
+]
+_FLAGS = (
+    "return_finish_reason",
+    "return_cumulative_logprob",
+    "return_logprobs",
+    "return_num_input_tokens",
+    "return_num_output_tokens",
+)
+
+
+class LlmBackend(Backend):
+    name = "vllm"
+    default_model_filename = MODEL_JSON
+
+    def complete_config(self, config: mc.ModelConfig, model_path: Path, autocomplete: bool) -> None:
+        if autocomplete:
+            have_in = {t.name for t in config.input}
+            for name, dtype, dims, optional in INPUTS:
+                if name not in have_in:
+                    config.input.add(name=name, data_type=dtype, dims=dims, optional=optional)
+            have_out = {t.name for t in config.output}
+            for name, dtype, dims in OUTPUTS:
+                if name not in have_out:
+                    config.output.add(name=name, data_type=dtype, dims=dims)
+            config.model_transaction_policy.decoupled = True
+            config.max_batch_size = 0
+        if not config.model_transaction_policy.decoupled:
+            raise invalid_arg(
+                f"unable to load model '{config.name}': the vLLM backend must be configured to "
+                "use decoupled model transaction policy"
+            )
+        if config.max_batch_size != 0:
+            raise invalid_arg(
+                f"unable to load model '{config.name}': the vLLM backend batches on its own: "
+                f"max_batch_size must be 0, got {config.max_batch_size}"
+            )
+
+    def load(self, context: LoadContext) -> RequestInstance:
+        from oceanus.backends.llm.embedder import EmbeddingInstance, is_embedding_model
+
+        args = read_engine_args(context.files.version_dir, context.config.name)
+        if is_embedding_model(Path(args.model)):  # the model's own config says it embeds
+            return EmbeddingInstance(context)
+        return LlmInstance(context)
+
+
+@dataclass
+class _Request:
+    """What one request asked for, and what has been sent so far."""
+
+    stream: ResponseStream
+    streaming: bool
+    prepend: str  # the prompt, when the text output starts with it
+    flags: dict[str, bool]
+    params: SamplingParams
+    received_ns: int
+    tokens_sent: int = 0
+    pieces: list[str] = field(default_factory=list)  # non-streaming: the text so far
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    first_ns: int = 0
+    last_ns: int = 0
+
+
+def _flag(inputs: dict[str, np.ndarray], name: str) -> bool | None:
+    array = inputs.get(name)
+    if array is None or array.size == 0:
+        return None
+    return bool(array.reshape(-1)[0])
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+class LlmInstance(RequestInstance):
+    def __init__(self, context: LoadContext) -> None:
+        config = context.config
+        self.name = config.name
+        args = read_engine_args(context.files.version_dir, config.name)
+        started = time.monotonic()
+        self.engine = Engine(args, threads=args.num_threads or context.spec.cpu_threads)
+        log.info(
+            "model '%s': LLM engine ready in %.1f s (%s, max_model_len %d, %d slots, "
+            "KV budget %d tokens, prefill chunk %d)",
+            config.name,
+            time.monotonic() - started,
+            args.model,
+            self.engine.max_len,
+            self.engine.slots,
+            self.engine.budget,
+            self.engine.chunk,
+        )
+        self.metrics: LlmMetrics | None = None
+        if context.server is not None:
+            version = context.files.version_dir.name
+            self.metrics = LlmMetrics(context.server.custom_metrics, config.name, version)
+            self.metrics.watch(self.engine)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self.engine.close()
+        if self.metrics is not None:
+            self.metrics.close()
+
+    def execute_requests(self, jobs: Sequence[RequestJob]) -> RequestsResult:
+        outputs: list[dict[str, np.ndarray] | InferenceServerError] = []
+        for job in jobs:
+            try:
+                self._start(job)
+                outputs.append({})
+            except InferenceServerError as exc:
+                outputs.append(exc)
+        # Return only once the engine took them: requests beyond its budget wait in our queue.
+        self.engine.wait_for_room()
+        return RequestsResult(outputs=outputs)
+
+    def _start(self, job: RequestJob) -> None:
+        stream = job.stream
+        if stream is None:
+            raise invalid_arg(f"model '{self.name}' is decoupled: it answers through a stream")
+        inputs = job.inputs
+        text = _text(inputs["text_input"].reshape(-1)[0])
+        streaming = bool(_flag(inputs, "stream"))
+        exclude = _flag(inputs, "exclude_input_in_output")
+        prepend = (not exclude) if exclude is not None else not streaming
+        if prepend and streaming:
+            raise invalid_arg("When streaming, `exclude_input_in_output` = False is not allowed.")
+        raw = inputs.get("sampling_parameters")
+        if raw is not None and raw.size:
+            params = parse_sampling_parameters(raw.reshape(-1)[0])
+        else:
+            # Triton's vLLM backend falls back to the request's parameters.
+            given = {
+                k: v
+                for k, v in job.request.parameters.items()
+                if not k.startswith("triton_") and k not in ("headers",)
+            }
+            params = parse_sampling_parameters(json.dumps(given) if given else None)
+        flags = {name: bool(_flag(inputs, name)) for name in _FLAGS}
+        state = _Request(
+            stream=stream,
+            streaming=streaming,
+            prepend=text if prepend else "",
+            flags=flags,
+            params=params,
+            received_ns=job.request.received_ns,
+        )
+        prompt = self.engine.encode(text)
+
+        def sink(out: StepOutput) -> None:
+            self._send(state, out)
+
+        self.engine.submit(prompt, params, sink, stream.cancelled)
+
+    def _send(self, state: _Request, out: StepOutput) -> None:
+        """On the engine thread: one step's output becomes a response (streaming) or is kept
+        for the final one."""
+        now = time.monotonic_ns()
+        if out.token_ids:
+            if not state.first_ns:
+                state.first_ns = now
+            state.last_ns = now
+        if out.error is not None:
+            state.stream.send(None, out.error, True)
+            return
+        if out.logprobs:
+            state.logprobs.extend(out.logprobs)
+        if state.streaming:
+            if not out.text and not out.finished:
+                return  # held back (half a UTF-8 character): nothing to say yet
+            state.stream.send(self._outputs(state, out, out.text), None, out.finished)
+            state.tokens_sent = out.num_output_tokens
+            state.logprobs.clear()
+            return
+        state.pieces.append(out.text)
+        if out.finished:
+            text = state.prepend + "".join(state.pieces)
+            state.stream.send(self._outputs(state, out, text), None, True)
+
+    def _outputs(self, state: _Request, out: StepOutput, text: str) -> dict[str, np.ndarray]:
+        result: dict[str, np.ndarray] = {
+            "text_output": np.array([text.encode("utf-8")], dtype=np.object_)
+        }
+        flags = state.flags
+        if flags["return_finish_reason"]:
+            result["finish_reason"] = np.array([str(out.finish_reason).encode()], np.object_)
+        if flags["return_cumulative_logprob"]:
+            result["cumulative_logprob"] = np.array([out.cumulative_logprob], dtype=np.float32)
+        if flags["return_logprobs"]:
+            result["logprobs"] = np.array([self._logprobs_json(state).encode()], np.object_)
+        if flags["return_num_input_tokens"]:
+            result["num_input_tokens"] = np.array([out.num_input_tokens], dtype=np.uint32)
+        if flags["return_num_output_tokens"]:
+            count = out.num_output_tokens - state.tokens_sent
+            result["num_output_tokens"] = np.array([count], dtype=np.uint32)
+        return result
+
+    def _logprobs_json(self, state: _Request) -> str:
+        """vLLM's layout: per token, {token_id: {logprob, rank, decoded_token}}; "null" when
+        the sampling parameters asked for none."""
+        if state.params.logprobs is None:
+            return "null"
+        tokenizer = self.engine.tokenizer
+        tokens: list[dict[str, dict[str, Any]]] = []
+        for top in state.logprobs:
+            ranked = sorted(top.items(), key=lambda kv: -kv[1])
+            tokens.append(
+                {
+                    str(token): {
+                        "logprob": logprob,
+                        "rank": rank,
+                        "decoded_token": tokenizer.decode([token]),
+                    }
+                    for rank, (token, logprob) in enumerate(ranked, start=1)
+                }
+            )
+        return json.dumps(tokens)

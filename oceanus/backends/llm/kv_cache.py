@@ -1,0 +1,94 @@
+"""A KV cache of fixed slots that transformers' attention layers write into, one row per
+sequence, so that sequences of different lengths decode in one batched forward pass.
+
+Each running sequence owns a slot (a row of `[slots, kv_heads, capacity, head_dim]` per layer).
+Before a forward pass the engine `bind`s the slots and the positions the new tokens take; the
+model's attention calls `update`, which writes the new keys and values at those positions and
+returns the bound rows up to the longest length. The engine passes a 4D mask that lets each
+query see only its own sequence's earlier positions, so the stale or padded cells beyond a
+sequence's length are never read. Memory is allocated with zeros, which the OS maps lazily:
+only the cells sequences reach are ever touched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache
+
+
+class SlotCache(Cache):
+    def __init__(
+        self,
+        layers: int,
+        slots: int,
+        kv_heads: int,
+        capacity: int,
+        head_dim: int,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__(layers=[])
+        shape = (slots, kv_heads, capacity, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
+        self.capacity = capacity
+        self._rows = torch.zeros(0, dtype=torch.long)
+        self._positions = torch.zeros(0, 0, dtype=torch.long)
+        self._kv_len = 0
+        self._contiguous: tuple[int, int] | None = None
+
+    def bind(self, rows: list[int], positions: torch.Tensor, kv_len: int) -> None:
+        """The slots of the next forward pass (batch order), the positions of its new tokens
+        (`[batch, q]`) and how many cells of each row the attention reads."""
+        self._rows = torch.tensor(rows, dtype=torch.long)
+        self._positions = positions
+        self._kv_len = kv_len
+        # Consecutive slots read as a view, without a gather.
+        first = rows[0]
+        self._contiguous = (
+            (first, first + len(rows)) if rows == list(range(first, first + len(rows))) else None
+        )
+
+    def update(
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        layer_idx: int,
+        *args: Any,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        rows = self._rows[:, None]
+        # [batch, heads, q, dim] -> [batch, q, heads, dim], the layout advanced indexing gives.
+        keys[rows, :, self._positions] = key_states.transpose(1, 2).to(keys.dtype)
+        values[rows, :, self._positions] = value_states.transpose(1, 2).to(values.dtype)
+        if self._contiguous is not None:
+            start, end = self._contiguous
+            return keys[start:end, :, : self._kv_len], values[start:end, :, : self._kv_len]
+        return (
+            keys.index_select(0, self._rows)[:, :, : self._kv_len],
+            values.index_select(0, self._rows)[:, :, : self._kv_len],
+        )
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self._kv_len
+
+    def get_mask_sizes(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
+        return self._kv_len, 0
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def attention_mask(positions: torch.Tensor, kv_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """`[batch, 1, q, kv_len]`: 0 where a key position is at or before the query's, else the
+    dtype's minimum (what transformers' own masks use)."""
+    keys = torch.arange(kv_len)
+    visible = keys[None, None, :] <= positions[:, :, None]
+    mask = torch.zeros(visible.shape, dtype=dtype)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[:, None]

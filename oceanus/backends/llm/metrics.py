@@ -1,0 +1,128 @@
+"""The vLLM metric families, as Triton's vLLM backend exports them (labelled `model` and
+`version`), plus the gauges Kubernetes' Gateway API Inference Extension routes on. They go
+through the server's custom metric registry, so /metrics exports them beside the nv_* ones."""
+
+from __future__ import annotations
+
+import itertools
+
+from oceanus.backends.llm.engine import Engine, Sequence
+from oceanus.core.observability.custom_metrics import (
+    COUNTER,
+    GAUGE,
+    HISTOGRAM,
+    CustomMetricRegistry,
+)
+
+_TTFT = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]
+_TPOT = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5]
+_E2E = [1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+
+_ids = itertools.count(1)
+
+
+def _one_two_five(limit: int) -> list[float]:
+    """1, 2, 5, 10, 20, 50, ... up to `limit` (vLLM's token-count buckets)."""
+    out: list[float] = []
+    for exponent in itertools.count():
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > limit:
+                return out
+            out.append(float(value))
+    return out
+
+
+class LlmMetrics:
+    FAMILIES: tuple[tuple[str, str, str, list[float] | str | None], ...] = (
+        ("vllm:prompt_tokens_total", "Number of prefill tokens processed.", COUNTER, None),
+        ("vllm:generation_tokens_total", "Number of generation tokens processed.", COUNTER, None),
+        (
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            HISTOGRAM,
+            _TTFT,
+        ),
+        (
+            "vllm:time_per_output_token_seconds",
+            "Histogram of time per output token in seconds.",
+            HISTOGRAM,
+            _TPOT,
+        ),
+        (
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of end to end request latency in seconds.",
+            HISTOGRAM,
+            _E2E,
+        ),
+        (
+            "vllm:request_prompt_tokens",
+            "Number of prefill tokens processed.",
+            HISTOGRAM,
+            "tokens",
+        ),
+        (
+            "vllm:request_generation_tokens",
+            "Number of generation tokens processed.",
+            HISTOGRAM,
+            "tokens",
+        ),
+        ("vllm:num_requests_running", "Number of requests currently running.", GAUGE, None),
+        ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", GAUGE, None),
+        ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", GAUGE, None),
+    )
+
+    def __init__(self, registry: CustomMetricRegistry, model: str, version: str) -> None:
+        self._owner = registry.owner()
+        self._ids: dict[str, int] = {}
+        self._prompt = 0
+        self._generated = 0
+        self._tokens_buckets: list[float] = []
+        self._labels = {"model": model, "version": version}
+        self._registry_model = model
+
+    def watch(self, engine: Engine) -> None:
+        """Create the families (token buckets need the engine's max_model_len) and hook in."""
+        token_buckets = _one_two_five(engine.max_len)
+        for name, description, kind, buckets in self.FAMILIES:
+            family_id, metric_id = next(_ids), next(_ids)
+            self._owner.new_family(family_id, name, description, kind)
+            bounds = token_buckets if isinstance(buckets, str) else buckets
+            self._owner.new_metric(metric_id, family_id, self._labels, bounds)
+            self._ids[name] = metric_id
+        engine.on_finish = self._finished
+        engine.on_step = self._stepped
+
+    def _stepped(self, engine: Engine) -> None:
+        """After each engine step (engine thread): counters and gauges."""
+        counters = engine.counters
+        update = self._owner.update
+        ids = self._ids
+        if counters.prompt_tokens > self._prompt:
+            update(
+                ids["vllm:prompt_tokens_total"], "increment", counters.prompt_tokens - self._prompt
+            )
+            self._prompt = counters.prompt_tokens
+        if counters.generation_tokens > self._generated:
+            added = counters.generation_tokens - self._generated
+            update(ids["vllm:generation_tokens_total"], "increment", added)
+            self._generated = counters.generation_tokens
+        update(ids["vllm:num_requests_running"], "set", counters.running)
+        update(ids["vllm:num_requests_waiting"], "set", counters.waiting)
+        usage = counters.reserved_tokens / counters.budget_tokens if counters.budget_tokens else 0
+        update(ids["vllm:kv_cache_usage_perc"], "set", usage)
+
+    def _finished(self, seq: Sequence, reason: str) -> None:
+        update = self._owner.update
+        ids = self._ids
+        if seq.first_token_ns:
+            ttft = (seq.first_token_ns - seq.arrival_ns) / 1e9
+            update(ids["vllm:time_to_first_token_seconds"], "observe", ttft)
+        for gap in seq.token_gaps_ns:
+            update(ids["vllm:time_per_output_token_seconds"], "observe", gap / 1e9)
+        update(ids["vllm:e2e_request_latency_seconds"], "observe", seq.e2e_ns / 1e9)
+        update(ids["vllm:request_prompt_tokens"], "observe", len(seq.prompt))
+        update(ids["vllm:request_generation_tokens"], "observe", len(seq.generated))
+
+    def close(self) -> None:
+        self._owner.close()

@@ -1,0 +1,306 @@
+"""Routing of the OpenAI-compatible API, and each model's tokenizer (cached per loaded version).
+
+`handle` answers `/v1/...` on the HTTP port (the HTTP frontend hands those paths here) and on
+`--openai-port`, where `/health/ready` answers too, as on Triton's frontend. A streaming reply is
+a `Streamed` outcome (it also travels through the frontend worker processes); a whole reply is a
+`Pending` one. The connection closing cancels either, and with it the core requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from oceanus.core.errors import ErrorCode, InferenceServerError
+from oceanus.core.server import ServerCore
+from oceanus.frontends.http.infer import request_body
+from oceanus.frontends.http.protocol import HttpRequest, HttpResponse, Pending, Streamed
+from oceanus.frontends.openai import generation, plans, sampling, tokenizer, tools
+from oceanus.frontends.openai.errors import (
+    JSON,
+    OpenAIError,
+    as_openai_error,
+    bad_request,
+    model_not_found,
+)
+from oceanus.frontends.openai.tokenizer import ModelTokenizer
+
+EVENT_STREAM = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+]
+Outcome = HttpResponse | Pending | Streamed
+# --http-restricted-api groups of the OpenAI routes.
+_GROUPS = {"models": "metadata", "chat": "inference", "completions": "inference"}
+_GROUPS["embeddings"] = "inference"
+
+
+def _json(document: Any, status: int = 200) -> HttpResponse:
+    return HttpResponse(status, orjson.dumps(document), [(b"content-type", JSON)])
+
+
+def _finish(future: asyncio.Future[Any]) -> HttpResponse:
+    exc = future.exception()
+    if exc is not None:
+        return as_openai_error(exc).response()
+    response: HttpResponse = future.result()
+    return response
+
+
+class OpenAIFrontend:
+    def __init__(
+        self,
+        core: ServerCore,
+        chat_template: str | None = None,
+        restrictions: dict[str, tuple[str, str]] | None = None,
+        max_input_size: int = 64 * 1024 * 1024,
+    ) -> None:
+        self.core = core
+        self.chat_template = tokenizer.read_chat_template(chat_template) if chat_template else None
+        self.restrictions = {
+            category: (header.encode("latin-1"), value.encode("latin-1"))
+            for category, (header, value) in (restrictions or {}).items()
+        }
+        self.max_input_size = max_input_size
+        self._tokenizers: dict[tuple[str, int, str], ModelTokenizer | None] = {}
+
+    # ---- routing ----------------------------------------------------------------------------
+
+    def handle_own_port(self, request: HttpRequest) -> Outcome:
+        """`--openai-port`: the OpenAI routes, and Triton's frontend's health probe."""
+        if request.path == "/health/ready":
+            return HttpResponse(200 if self.core.ready() else 503)
+        return self.handle(request)
+
+    def handle(self, request: HttpRequest) -> Outcome:
+        try:
+            return self._dispatch(request)
+        except Exception as exc:  # every failure answers in OpenAI's shape
+            return as_openai_error(exc).response()
+
+    def _dispatch(self, request: HttpRequest) -> Outcome:
+        parts = request.path.split("/")[1:]
+        if parts[:1] != ["v1"] or len(parts) < 2:
+            raise OpenAIError(404, f"Not Found: {request.path}")
+        head = parts[1]
+        if self.restrictions:
+            self._check_restriction(request, _GROUPS.get(head, ""))
+        if head == "models":
+            _require(request, "GET")
+            if len(parts) == 2:
+                return _json(self._models())
+            return _json(self._model(parts[2]))
+        route = "/".join(parts[1:])
+        if route not in ("chat/completions", "completions", "embeddings"):
+            raise OpenAIError(404, f"Not Found: {request.path}")
+        _require(request, "POST")
+        body = self._body(request)
+        if route == "embeddings":
+            return Pending(asyncio.ensure_future(self._embeddings(body)), _finish)
+        if body.get("stream") is True:
+            return Streamed(self._streamed(body, route == "chat/completions"))
+        return Pending(
+            asyncio.ensure_future(self._generate(body, route == "chat/completions")), _finish
+        )
+
+    def _check_restriction(self, request: HttpRequest, group: str) -> None:
+        """--http-restricted-api: the group's header, with the HTTP frontend's words."""
+        rule = self.restrictions.get(group)
+        if rule is not None and request.headers.get(rule[0]) != rule[1]:
+            header = rule[0].decode("latin-1")
+            raise OpenAIError(403, f"This API is restricted, expecting header '{header}'")
+
+    def _body(self, request: HttpRequest) -> dict[str, Any]:
+        data = request_body(request, self.max_input_size)
+        try:
+            body = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise bad_request(f"the body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise bad_request("the body must be a JSON object")
+        if not isinstance(body.get("model"), str) or not body["model"]:
+            raise bad_request("'model' must name a model", "model")
+        return body
+
+    # ---- models -----------------------------------------------------------------------------
+
+    def _models(self) -> dict[str, Any]:
+        names = sorted({item["name"] for item in self.core.repository_index(ready_only=True)})
+        return {"object": "list", "data": [self._model_document(name) for name in names]}
+
+    def _model(self, name: str) -> dict[str, Any]:
+        self._resolve(name)
+        return self._model_document(name)
+
+    def _model_document(self, name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "oceanus"}
+
+    def _resolve(self, name: str) -> Any:
+        try:
+            return self.core.resolve(name)
+        except InferenceServerError as exc:
+            if exc.code is ErrorCode.NOT_FOUND:
+                raise model_not_found(name) from None
+            raise
+
+    def _require_inputs(self, name: str, *inputs: str) -> None:
+        have = {spec["name"] for spec in self.core.model_metadata(name)["inputs"]}
+        missing = [n for n in inputs if n not in have]
+        if missing:
+            raise bad_request(
+                f"model '{name}' cannot serve this route: it has no input "
+                f"{', '.join(repr(m) for m in missing)} (the vLLM backend's tensors)",
+                "model",
+            )
+
+    async def _tokenizer(self, name: str) -> ModelTokenizer | None:
+        version = self._resolve(name)
+        key = (name, version.version, str(version.path))
+        if key not in self._tokenizers:
+            folders = tokenizer.candidate_folders(Path(version.path), Path(version.path).parent)
+            for step in version.config.ensemble_scheduling.step:  # an ensemble's models
+                try:
+                    inner = self.core.resolve(step.model_name)
+                except InferenceServerError:
+                    continue
+                folders += tokenizer.candidate_folders(Path(inner.path), Path(inner.path).parent)
+            length = tokenizer.max_model_len(Path(version.path))
+            self._tokenizers[key] = await asyncio.to_thread(
+                tokenizer.load_tokenizer, folders, self.chat_template, length
+            )
+        return self._tokenizers[key]
+
+    # ---- chat and completions ---------------------------------------------------------------
+
+    async def _plan(self, body: dict[str, Any], chat: bool) -> tuple[plans.Plan, Any]:
+        name = body["model"]
+        found = await self._tokenizer(name)
+        self._require_inputs(name, "text_input")
+        if chat:
+            if found is None:
+                raise bad_request(
+                    f"model '{name}' has no tokenizer.json in its folder: chat needs its "
+                    "tokenizer and chat template",
+                    "model",
+                )
+            config = self.core.model_config(name)
+            chosen = config.parameters.get("tool_call_parser")
+            parser: tools.Parser | None = None
+            if chosen is not None and chosen.string_value in tools.PARSERS:
+                parser = tools.PARSERS[chosen.string_value]()
+            else:
+                parser = tools.parser_for_template(found.chat_template)
+            plan = plans.chat_plan(body, found, parser)
+        else:
+            plan = plans.completion_plan(body, found)
+
+        def count(text: str) -> int:
+            return len(found.encode(text)) if found is not None and text else 0
+
+        return plan, count
+
+    async def _generate(self, body: dict[str, Any], chat: bool) -> HttpResponse:
+        plan, count = await self._plan(body, chat)
+        return _json(await generation.complete(self.core, plan, count))
+
+    async def _streamed(
+        self, body: dict[str, Any], chat: bool
+    ) -> AsyncIterator[HttpResponse | bytes]:
+        """A streaming reply: the head once the request is accepted (a refused one is an
+        ordinary error reply), then its events. A failure mid-stream is an error event."""
+        try:
+            plan, count = await self._plan(body, chat)
+            events = generation.stream_events(self.core, plan, count)
+            first = await anext(events)
+        except Exception as exc:
+            error = as_openai_error(exc)
+            yield HttpResponse(error.status, headers=[(b"content-type", JSON)])
+            yield orjson.dumps(error.document())
+            return
+        yield HttpResponse(200, headers=list(EVENT_STREAM))
+        try:
+            yield first
+            async for part in events:
+                yield part
+        except Exception as exc:
+            yield generation.event(as_openai_error(exc).document())
+            yield generation.DONE_EVENT
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+
+    # ---- embeddings -------------------------------------------------------------------------
+
+    async def _embeddings(self, body: dict[str, Any]) -> HttpResponse:
+        name = body["model"]
+        self._resolve(name)
+        self._require_inputs(name, "embedding_request")
+        text_input = any(
+            spec["name"] == "text_input" for spec in self.core.model_metadata(name)["inputs"]
+        )
+        encoding = body.get("encoding_format", "float")
+        if encoding not in ("float", "base64"):
+            raise bad_request("'encoding_format' must be 'float' or 'base64'", "encoding_format")
+        items = body.get("input")
+        if isinstance(items, str) or (
+            isinstance(items, list) and items and all(isinstance(t, int) for t in items)
+        ):
+            items = [items]
+        if not isinstance(items, list) or not items:
+            raise bad_request("'input' must be a string, a list of strings or token ids", "input")
+        dimensions = sampling.positive_int(body, "dimensions")
+        requests = []
+        for number, item in enumerate(items):
+            document: dict[str, Any] = {"input": item}
+            if dimensions is not None:
+                document["pooling_params"] = {"dimensions": [dimensions]}
+            request = sampling.embedding_request(
+                name, "", document, f"embd-{uuid.uuid4().hex}-{number}", text_input
+            )
+            requests.append(_one_response(self.core.infer_stream(request)))
+        responses = await asyncio.gather(*requests)
+        data, prompt_tokens = [], 0
+        for number, response in enumerate(responses):
+            vector, tokens = _embedding(response)
+            prompt_tokens += tokens
+            value: Any = vector.tolist()
+            if encoding == "base64":
+                value = base64.b64encode(vector.astype("<f4").tobytes()).decode()
+            data.append({"object": "embedding", "index": number, "embedding": value})
+        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+        return _json({"object": "list", "data": data, "model": name, "usage": usage})
+
+
+async def _one_response(responses: AsyncIterator[Any]) -> Any:
+    found = None
+    async for response in responses:
+        found = found or (response if response.outputs else None)
+    if found is None:
+        raise OpenAIError(500, "the model sent no embedding")
+    return found
+
+
+def _embedding(response: Any) -> tuple[np.ndarray, int]:
+    """The vLLM backend's embedding: a JSON list in `text_output`; its input token count."""
+    vector, tokens = None, 0
+    for tensor in response.outputs:
+        value = tensor.data.reshape(-1)[0]
+        if tensor.name == "text_output":
+            vector = np.asarray(orjson.loads(value), dtype=np.float32)
+        elif tensor.name == "num_input_tokens":
+            tokens = int(value)
+    if vector is None:
+        raise OpenAIError(500, "the model's response has no 'text_output'")
+    return vector, tokens
+
+
+def _require(request: HttpRequest, method: str) -> None:
+    if request.method != method:
+        raise OpenAIError(405, f"Method Not Allowed: {request.method} {request.path}")

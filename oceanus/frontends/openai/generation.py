@@ -1,0 +1,280 @@
+"""A plan's requests run through the core, and their responses as OpenAI's documents: one
+reply, or server-sent events ending in `data: [DONE]`.
+
+Each (prompt, n) pair is one core request; their responses are merged as they come. Leaving
+the iteration early (a client that cut its stream, or left before its reply) cancels every
+request still running: the engine frees their places at its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from oceanus.core.server import ServerCore
+from oceanus.core.types import InferResponse
+from oceanus.frontends.openai import results, sampling, tools
+from oceanus.frontends.openai.plans import Plan
+from oceanus.frontends.openai.results import Piece
+
+_DONE = object()
+
+
+async def merged(core: ServerCore, plan: Plan) -> AsyncGenerator[tuple[int, Piece], None]:
+    """(choice index, piece) of every response of the plan's requests, as they come."""
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+    streams = []
+    for p, prompt in enumerate(plan.prompts):
+        for j in range(plan.n):
+            parameters = dict(plan.parameters)
+            if prompt.max_tokens is not None:
+                parameters["max_tokens"] = prompt.max_tokens
+            if j and "seed" in parameters:  # n different choices, each still reproducible
+                parameters["seed"] += j
+            request = sampling.generate_request(
+                plan.model,
+                "",
+                prompt.text,
+                plan.stream,
+                parameters,
+                plan.logprobs is not None,
+                f"{plan.id}-{p * plan.n + j}",
+            )
+            streams.append((p * plan.n + j, core.infer_stream(request)))
+
+    if len(streams) == 1:  # the usual case: no queue, no task, one hop less per response
+        index, responses = streams[0]
+        try:
+            async for response in responses:
+                yield index, results.read(response)
+        finally:
+            await responses.aclose()  # type: ignore[attr-defined]
+        return
+
+    async def pump(index: int, responses: AsyncIterator[InferResponse]) -> None:
+        try:
+            async for response in responses:
+                await queue.put((index, response))
+            await queue.put((index, _DONE))
+        except Exception as exc:
+            await queue.put((index, exc))
+        finally:
+            await responses.aclose()  # type: ignore[attr-defined]
+
+    tasks = [asyncio.ensure_future(pump(index, responses)) for index, responses in streams]
+    try:
+        left = len(tasks)
+        while left:
+            index, item = await queue.get()
+            if item is _DONE:
+                left -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, results.read(item)
+    finally:
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@dataclass
+class Choice:
+    text: str = ""
+    finish_reason: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int = 0
+    counted: bool = False  # the model reported its output tokens
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, piece: Piece) -> None:
+        self.text += piece.text
+        self.finish_reason = piece.finish_reason or self.finish_reason
+        if piece.input_tokens is not None:
+            self.input_tokens = piece.input_tokens
+        if piece.output_tokens is not None:
+            self.output_tokens += piece.output_tokens
+            self.counted = True
+        self.logprobs.extend(piece.logprobs)
+
+
+def _usage(plan: Plan, choices: list[Choice], count: Any) -> dict[str, int]:
+    """Prompt tokens once per prompt (not per n), as the model counted them, else as our
+    tokenizer did; completion tokens the same way."""
+    prompt_tokens = 0
+    for p, prompt in enumerate(plan.prompts):
+        reported = choices[p * plan.n].input_tokens
+        prompt_tokens += reported if reported is not None else (prompt.tokens or 0)
+    completion_tokens = sum(c.output_tokens if c.counted else count(c.text) for c in choices)
+    return results.usage(prompt_tokens, completion_tokens)
+
+
+def _chat_message(plan: Plan, choice: Choice) -> tuple[dict[str, Any], str | None]:
+    message: dict[str, Any] = {"role": "assistant", "content": choice.text}
+    finish = choice.finish_reason
+    calls: list[tools.ToolCall] = []
+    if plan.named_tool is not None:
+        calls = [tools.named_call(plan.named_tool, choice.text)]
+        message["content"] = None
+    elif plan.parser is not None:
+        content, calls = plan.parser.parse(choice.text)
+        if calls:
+            message["content"] = content
+    if calls:
+        message["tool_calls"] = [call.document() for call in calls]
+        finish = "tool_calls" if finish == "stop" else finish
+    return message, finish
+
+
+async def complete(core: ServerCore, plan: Plan, count: Any) -> dict[str, Any]:
+    """The whole reply of a non-streaming request."""
+    choices = [Choice() for _ in range(len(plan.prompts) * plan.n)]
+    async with contextlib.aclosing(merged(core, plan)) as pieces:
+        async for index, piece in pieces:
+            choices[index].add(piece)
+    documents = []
+    for index, choice in enumerate(choices):
+        if plan.chat:
+            message, finish = _chat_message(plan, choice)
+            logprobs = (
+                results.chat_logprobs(choice.logprobs, plan.logprobs)
+                if plan.logprobs is not None
+                else None
+            )
+            documents.append(
+                {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
+            )
+            continue
+        prompt = plan.prompts[index // plan.n].text if plan.echo else ""
+        logprobs = (
+            results.completion_logprobs(choice.logprobs, plan.logprobs, len(prompt))
+            if plan.logprobs is not None
+            else None
+        )
+        documents.append(
+            {
+                "index": index,
+                "text": prompt + choice.text,
+                "logprobs": logprobs,
+                "finish_reason": choice.finish_reason,
+            }
+        )
+    return {
+        "id": plan.id,
+        "object": "chat.completion" if plan.chat else "text_completion",
+        "created": plan.created,
+        "model": plan.model,
+        "choices": documents,
+        "usage": _usage(plan, choices, count),
+    }
+
+
+def event(document: Any) -> bytes:
+    return b"data: " + orjson.dumps(document) + b"\n\n"
+
+
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+class _ChatStream:
+    """What a streaming chat choice has sent; text that may be a tool call is held back."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.text = ""
+        self.sent = 0
+        self.in_call = False
+
+    def content(self, final: bool) -> str:
+        """New text that is the reply's content (not a tool call), to send now."""
+        parser = self.plan.parser
+        if self.plan.named_tool is not None:
+            return ""
+        if parser is None:
+            delta, self.sent = self.text[self.sent :], len(self.text)
+            return delta
+        if not self.in_call:
+            start = parser.start(self.text)
+            if start >= 0:
+                self.in_call = True
+                delta, self.sent = self.text[self.sent : start], start
+                return delta
+            keep = 0 if final else parser.hold(self.text)
+            end = len(self.text) - keep
+            delta, self.sent = self.text[self.sent : end], max(end, self.sent)
+            return delta
+        return ""
+
+    def calls(self) -> tuple[list[tools.ToolCall], str]:
+        """At the end: the tool calls, and any held text that was not one after all."""
+        held = self.text[self.sent :]
+        if self.plan.named_tool is not None:
+            return [tools.named_call(self.plan.named_tool, self.text)], ""
+        if self.plan.parser is None or not self.in_call:
+            return [], held
+        _, calls = self.plan.parser.parse(self.text)
+        return (calls, "") if calls else ([], held)
+
+
+async def stream_events(core: ServerCore, plan: Plan, count: Any) -> AsyncIterator[bytes]:
+    """The server-sent events of a streaming request (after its 200 head)."""
+    kind = "chat.completion.chunk" if plan.chat else "text_completion"
+    total = len(plan.prompts) * plan.n
+    head: dict[str, Any] = {"id": plan.id, "object": kind, "created": plan.created}
+    head["model"] = plan.model
+    usage_field = {"usage": None} if plan.include_usage else {}
+
+    def chunk(
+        index: int, body: dict[str, Any], finish: str | None = None, logprobs: Any = None
+    ) -> bytes:
+        choice = {"index": index, **body, "logprobs": logprobs, "finish_reason": finish}
+        return event({**head, "choices": [choice], **usage_field})
+
+    choices = [Choice() for _ in range(total)]
+    chats = [_ChatStream(plan) for _ in range(total)]
+    if plan.chat:
+        for index in range(total):
+            yield chunk(index, {"delta": {"role": "assistant", "content": ""}})
+    elif plan.echo:
+        for index in range(total):
+            yield chunk(index, {"text": plan.prompts[index // plan.n].text})
+    async with contextlib.aclosing(merged(core, plan)) as pieces:
+        async for index, piece in pieces:
+            choice = choices[index]
+            choice.add(piece)
+            final = piece.finish_reason is not None
+            logprobs = None
+            if plan.logprobs is not None and piece.logprobs:
+                logprobs = (
+                    results.chat_logprobs(piece.logprobs, plan.logprobs)
+                    if plan.chat
+                    else results.completion_logprobs(piece.logprobs, plan.logprobs, 0)
+                )
+            if not plan.chat:
+                if piece.text or final or logprobs:
+                    yield chunk(index, {"text": piece.text}, piece.finish_reason, logprobs)
+                continue
+            chat = chats[index]
+            chat.text = choice.text
+            delta = chat.content(final)
+            if delta or logprobs:
+                yield chunk(index, {"delta": {"content": delta}}, None, logprobs)
+            if final:
+                finish = piece.finish_reason
+                calls, held = chat.calls()
+                if held:
+                    yield chunk(index, {"delta": {"content": held}})
+                if calls:
+                    documents = [call.document(number) for number, call in enumerate(calls)]
+                    yield chunk(index, {"delta": {"tool_calls": documents}})
+                    finish = "tool_calls" if finish == "stop" else finish
+                yield chunk(index, {"delta": {}}, finish)
+    if plan.include_usage:
+        yield event({**head, "choices": [], "usage": _usage(plan, choices, count)})
+    yield DONE_EVENT

@@ -1,0 +1,110 @@
+"""The vLLM backend's output tensors read back, and OpenAI's logprobs and usage built from them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from oceanus.core.types import InferResponse
+
+
+@dataclass(slots=True)
+class Piece:
+    """One response of the model: new text, and what came with it."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _scalar(data: Any) -> Any:
+    flat = data.reshape(-1)
+    return flat[0] if flat.size else None
+
+
+def read(response: InferResponse) -> Piece:
+    piece = Piece()
+    for tensor in response.outputs:
+        value = _scalar(tensor.data)
+        if value is None:
+            continue
+        name = tensor.name
+        if name == "text_output":
+            piece.text = "".join(
+                v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+                for v in tensor.data.reshape(-1)
+            )
+        elif name == "finish_reason":
+            reason = value.decode() if isinstance(value, bytes) else str(value)
+            piece.finish_reason = None if reason in ("None", "") else reason
+        elif name == "num_input_tokens":
+            piece.input_tokens = int(value)
+        elif name == "num_output_tokens":
+            piece.output_tokens = int(value)
+        elif name == "logprobs":
+            text = value.decode() if isinstance(value, bytes) else str(value)
+            steps = json.loads(text) if text and text != "null" else None
+            piece.logprobs = steps if isinstance(steps, list) else []
+    return piece
+
+
+def _entries(step: dict[str, Any]) -> list[tuple[str, float]]:
+    """(token text, logprob) of one step; the chosen token first (the engine writes it first),
+    the others by rank."""
+    items = list(step.values())
+    chosen, others = items[:1], sorted(items[1:], key=lambda e: e.get("rank") or 0)
+    return [
+        (str(e.get("decoded_token") or ""), float(e.get("logprob", 0.0))) for e in chosen + others
+    ]
+
+
+def chat_logprobs(steps: list[dict[str, Any]], top: int) -> dict[str, Any]:
+    content = []
+    for step in steps:
+        entries = _entries(step)
+        if not entries:
+            continue
+        token, logprob = entries[0]
+        ranked = sorted(entries, key=lambda e: -e[1])[:top]
+        content.append(
+            {
+                "token": token,
+                "logprob": logprob,
+                "bytes": list(token.encode()),
+                "top_logprobs": [
+                    {"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in ranked
+                ],
+            }
+        )
+    return {"content": content}
+
+
+def completion_logprobs(steps: list[dict[str, Any]], top: int, offset: int) -> dict[str, Any]:
+    tokens, token_logprobs, tops, offsets = [], [], [], []
+    for step in steps:
+        entries = _entries(step)
+        if not entries:
+            continue
+        token, logprob = entries[0]
+        tokens.append(token)
+        token_logprobs.append(logprob)
+        tops.append(dict(sorted(entries, key=lambda e: -e[1])[:top]))
+        offsets.append(offset)
+        offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }

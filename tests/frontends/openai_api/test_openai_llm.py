@@ -1,0 +1,164 @@
+"""The OpenAI API over the language-model engine (backend "vllm", issue 25): the same routes
+serve Triton's vLLM model folders; usage and the default max_tokens come from the model's own
+tokenizer and context length; structured output is enforced by the engine's grammar; an
+embedding model in the same folder form answers /v1/embeddings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("transformers")
+pytest.importorskip("torch")
+
+from oceanus.examples.embedder import EMBEDDING_WIDTH, write_embedding_model  # noqa: E402
+from oceanus.examples.llm import write_llm_model  # noqa: E402
+from tests.conftest import ServerProcess  # noqa: E402
+
+CONTEXT = 96
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    repository = tmp_path_factory.mktemp("openai_llm")
+    write_llm_model(repository, "llm", engine_args={"max_model_len": CONTEXT})
+    write_embedding_model(repository, "embedder")
+    process = ServerProcess([repository])
+    try:
+        process.wait_live()
+        client = openai.OpenAI(base_url=f"http://{process.http_url}/v1", api_key="unused")
+        client.repository = repository  # type: ignore[attr-defined]
+        yield client
+    finally:
+        process.stop()
+
+
+def test_chat_stream_equals_whole_reply_and_counts_tokens(client: Any) -> None:
+    messages = [{"role": "user", "content": "Hello there"}]
+    whole = client.chat.completions.create(
+        model="llm", messages=messages, max_tokens=12, temperature=0
+    )
+    assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 12
+    stream = client.chat.completions.create(
+        model="llm",
+        messages=messages,
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
+
+
+def test_default_max_tokens_fills_the_context(client: Any) -> None:
+    reply = client.completions.create(
+        model="llm", prompt="Once upon a time", temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert reply.usage.total_tokens == CONTEXT
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="llm", prompt="la " * 200)
+    assert f"maximum context length is {CONTEXT} tokens" in caught.value.body["message"]
+
+
+def test_completion_logprobs(client: Any) -> None:
+    reply = client.completions.create(
+        model="llm", prompt="The weather", max_tokens=4, logprobs=2, temperature=0
+    )
+    logprobs = reply.choices[0].logprobs
+    assert len(logprobs.token_logprobs) == 4
+    assert all(len(top) >= 1 for top in logprobs.top_logprobs)
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "size": {"enum": ["small", "large"]},
+        "count": {"type": "integer", "minimum": 0, "maximum": 9},
+    },
+    "required": ["ok", "size", "count"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema_output_parses_and_validates(client: Any) -> None:
+    """The model has random weights: only the grammar makes its reply valid JSON."""
+    jsonschema = pytest.importorskip("jsonschema")
+    pytest.importorskip("llguidance")
+    import json
+
+    for seed in range(3):
+        reply = client.chat.completions.create(
+            model="llm",
+            messages=[{"role": "user", "content": "Describe it"}],
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "thing", "schema": SCHEMA, "strict": True},
+            },
+            max_tokens=60,
+            seed=seed,
+        )
+        assert reply.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(reply.choices[0].message.content), SCHEMA)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="llm",
+            messages=[{"role": "user", "content": "x"}],
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "bad", "schema": {"type": "no-such-type"}},
+            },
+        )
+    assert caught.value.body["param"] == "response_format"
+
+
+def _reference(folder: Any, texts: list[str]) -> Any:
+    """Mean pooling and normalizing as sentence-transformers defines them, with transformers."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModel.from_pretrained(str(folder)).eval()
+    rows = []
+    for text in texts:
+        ids = torch.tensor([tokenizer(text)["input_ids"]])
+        with torch.inference_mode():
+            hidden = model(input_ids=ids).last_hidden_state[0]
+        rows.append(torch.nn.functional.normalize(hidden.mean(dim=0), dim=0).numpy())
+    return rows
+
+
+def test_embeddings_float_base64_and_dimensions(client: Any) -> None:
+    import base64
+
+    import numpy as np
+
+    texts = ["hello world", "The weather is sunny"]
+    floats = client.embeddings.create(model="embedder", input=texts, encoding_format="float")
+    assert [d.index for d in floats.data] == [0, 1]
+    assert floats.usage.prompt_tokens > 0
+    expected = _reference(client.repository / "embedder" / "hf", texts)
+    for item, reference in zip(floats.data, expected, strict=True):
+        vector = np.array(item.embedding)
+        assert vector.shape == (EMBEDDING_WIDTH,)
+        np.testing.assert_allclose(vector, reference, atol=1e-5)
+    raw = client.with_raw_response.embeddings.create(
+        model="embedder", input="hello world", encoding_format="base64"
+    )
+    encoded = raw.http_response.json()["data"][0]["embedding"]
+    decoded = np.frombuffer(base64.b64decode(encoded), dtype="<f4")
+    np.testing.assert_allclose(decoded, floats.data[0].embedding, atol=1e-6)
+    short = client.embeddings.create(model="embedder", input="hello world", dimensions=16)
+    vector = np.array(short.data[0].embedding)
+    assert vector.shape == (16,) and abs(float(np.linalg.norm(vector)) - 1) < 1e-5
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model="embedder", input="x", dimensions=EMBEDDING_WIDTH + 1)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.embeddings.create(model="llm", input="x")  # a generating model does not embed
+    assert caught.value.status_code == 400
