@@ -49,7 +49,7 @@ def llm_server(tmp_path_factory: pytest.TempPathFactory, launch_module: Any) -> 
         "llm_one_slot",
         engine_args={"max_num_seqs": 1, "max_num_batched_tokens": 8, "gpu_memory_utilization": 0.9},
     )
-    return launch_module([repo])
+    return launch_module([repo], ["--metrics-config", "histogram_latencies=true"])
 
 
 @pytest.fixture(scope="module")
@@ -352,6 +352,17 @@ def test_vllm_metrics_are_labelled_by_model_and_version(llm_server: Any) -> None
         assert metric_value(text, name, "llm_own") >= 0
     assert 'vllm:generation_tokens_total{model="llm_own",version="1"}' in text
     assert metric_value(text, "vllm:generation_tokens_total", "llm_own") >= 5
+    # Triton's first-response histogram: once per request, when its first response left (not
+    # when the engine admitted it).
+    first = [
+        line
+        for line in text.splitlines()
+        if line.startswith("nv_inference_first_response_histogram_ms_count")
+        and 'model="llm_own"' in line
+    ]
+    assert first, "no first-response histogram for llm_own"
+    success = metric_value(text, "nv_inference_request_success", "llm_own")
+    assert float(first[0].rsplit(" ", 1)[1]) == success >= 1
 
 
 def test_without_the_extra_the_error_names_it(tmp_path: Path) -> None:
