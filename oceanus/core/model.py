@@ -210,6 +210,8 @@ class ModelVersion:
             infer_ns=result.infer_ns,
             output_ns=result.output_ns,
             rows=job.rows,
+            # A decoupled request's first response is observed when it is sent (ResponseStream).
+            first_response=job.stream is None,
         )
 
     def _complete_stream(
@@ -345,7 +347,16 @@ class ResponseStream:
 
     Backends call `send` from any thread; it hands each response to the event loop."""
 
-    __slots__ = ("_empty_final", "_left", "_loop", "_mark_final", "_model", "_queue", "_request")
+    __slots__ = (
+        "_empty_final",
+        "_first_sent",
+        "_left",
+        "_loop",
+        "_mark_final",
+        "_model",
+        "_queue",
+        "_request",
+    )
 
     def __init__(
         self,
@@ -369,6 +380,7 @@ class ResponseStream:
         # Set on the loop when the reader leaves before the final response; read by backend
         # threads (a plain bool: a stale read only delays the cancellation by one poll).
         self._left = False
+        self._first_sent = False
 
     def cancelled(self) -> bool:
         return self._left
@@ -398,6 +410,13 @@ class ResponseStream:
             response, error = None, exc
         if response is not None and parameters:
             response.parameters.update(parameters)
+        if response is not None and not self._first_sent:
+            # nv_inference_first_response_histogram_ms: when a streamed answer began.
+            self._first_sent = True
+            latency = self._model.stats.latency
+            if latency is not None:
+                now = self._model.clock.now_ns()
+                latency.observe_first_response(now - self._request.received_ns)
         self.put(response, error, final)
 
     def put(

@@ -49,7 +49,61 @@ def llm_server(tmp_path_factory: pytest.TempPathFactory, launch_module: Any) -> 
         "llm_one_slot",
         engine_args={"max_num_seqs": 1, "max_num_batched_tokens": 8, "gpu_memory_utilization": 0.9},
     )
-    return launch_module([repo])
+    bls = repo / "llm_bls"
+    (bls / "1").mkdir(parents=True)
+    (bls / "config.pbtxt").write_text(BLS_CONFIG)
+    (bls / "1" / "model.py").write_text(BLS_MODEL)
+    return launch_module([repo], ["--metrics-config", "histogram_latencies=true"])
+
+
+BLS_CONFIG = """
+name: "llm_bls"
+backend: "python"
+max_batch_size: 0
+input [ { name: "PROMPT" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] },
+         { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+# Streams llm_tiny's answer through BLS (exec(decoupled=True)) and joins the pieces.
+BLS_MODEL = """
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            prompt = pb_utils.get_input_tensor_by_name(request, "PROMPT").as_numpy()
+            params = json.dumps({"max_tokens": 12, "temperature": 0})
+            inner = pb_utils.InferenceRequest(
+                model_name="llm_tiny",
+                requested_output_names=["text_output"],
+                inputs=[
+                    pb_utils.Tensor("text_input", prompt.astype(np.object_)),
+                    pb_utils.Tensor("stream", np.array([True])),
+                    pb_utils.Tensor("sampling_parameters", np.array([params.encode()], np.object_)),
+                ],
+            )
+            pieces = []
+            for response in inner.exec(decoupled=True):
+                if response.has_error():
+                    raise pb_utils.TritonModelException(response.error().message())
+                out = pb_utils.get_output_tensor_by_name(response, "text_output")
+                if out is not None:
+                    pieces.append(out.as_numpy()[0].decode())
+            responses.append(
+                pb_utils.InferenceResponse(
+                    [
+                        pb_utils.Tensor("TEXT", np.array(["".join(pieces).encode()], np.object_)),
+                        pb_utils.Tensor("COUNT", np.array([len(pieces)], np.int32)),
+                    ]
+                )
+            )
+        return responses
+"""
 
 
 @pytest.fixture(scope="module")
@@ -223,6 +277,18 @@ def test_streaming_sse_pieces_add_up(llm_server: Any, reference: Any) -> None:
     assert events[-1]["cumulative_logprob"] < 0
 
 
+def test_streaming_through_bls(llm_server: Any, reference: Any) -> None:
+    """A Python model streams the LLM's answer through BLS, piece by piece."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(llm_server.http_url)
+    prompt = httpclient.InferInput("PROMPT", [1], "BYTES")
+    prompt.set_data_from_numpy(np.array([PROMPTS[3].encode()], dtype=np.object_))
+    result = client.infer("llm_bls", [prompt])
+    assert result.as_numpy("TEXT")[0].decode() == hf_greedy(reference, PROMPTS[3], 12)
+    assert result.as_numpy("COUNT")[0] > 1
+
+
 def test_logprobs_output(llm_server: Any) -> None:
     out = generate(
         llm_server,
@@ -352,6 +418,17 @@ def test_vllm_metrics_are_labelled_by_model_and_version(llm_server: Any) -> None
         assert metric_value(text, name, "llm_own") >= 0
     assert 'vllm:generation_tokens_total{model="llm_own",version="1"}' in text
     assert metric_value(text, "vllm:generation_tokens_total", "llm_own") >= 5
+    # Triton's first-response histogram: once per request, when its first response left (not
+    # when the engine admitted it).
+    first = [
+        line
+        for line in text.splitlines()
+        if line.startswith("nv_inference_first_response_histogram_ms_count")
+        and 'model="llm_own"' in line
+    ]
+    assert first, "no first-response histogram for llm_own"
+    success = metric_value(text, "nv_inference_request_success", "llm_own")
+    assert float(first[0].rsplit(" ", 1)[1]) == success >= 1
 
 
 def test_without_the_extra_the_error_names_it(tmp_path: Path) -> None:

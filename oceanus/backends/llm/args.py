@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,7 +131,3 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
         kv_cache_tokens=_int(raw, "kv_cache_tokens", None),
         num_threads=_int(raw, "num_threads", None),
     )
-
-
-def cache_dir_hint() -> str:
-    return os.environ.get("HF_HOME", "~/.cache/huggingface")

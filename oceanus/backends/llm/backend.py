@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -158,7 +157,6 @@ class LlmInstance(RequestInstance):
             version = context.files.version_dir.name
             self.metrics = LlmMetrics(context.server.custom_metrics, config.name, version)
             self.metrics.watch(self.engine)
-        self._lock = threading.Lock()
 
     def close(self) -> None:
         self.engine.close()

@@ -350,6 +350,10 @@ class Engine:
             delta = full[len(seq.text) :] if full.startswith(seq.text) else ""
             seq.text = full if full.startswith(seq.text) else seq.text
         top = [choice.top] if choice.top is not None else None
+        if reason is not None:
+            # Freed (and counted) before the last output leaves, so that a client reading the
+            # metrics right after its answer sees its slot free.
+            self._release(seq, reason)
         seq.sink(
             StepOutput(
                 text=delta,
@@ -362,8 +366,6 @@ class Engine:
                 cumulative_logprob=seq.cumulative_logprob,
             )
         )
-        if reason is not None:
-            self._release(seq, reason)
 
     def _release(self, seq: Sequence, reason: str) -> None:
         seq.finished = True
@@ -383,6 +385,7 @@ class Engine:
         """End a sequence that produced no final output itself (cancelled, failed)."""
         if seq.finished:
             return
+        self._release(seq, reason)
         seq.sink(
             StepOutput(
                 text="",
@@ -396,7 +399,6 @@ class Engine:
                 error=error or InferenceServerError(ErrorCode.CANCELLED, "Request was cancelled"),
             )
         )
-        self._release(seq, reason)
 
     def _abort_all(self) -> None:
         """Under the lock, at close."""

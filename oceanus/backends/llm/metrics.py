@@ -90,6 +90,7 @@ class LlmMetrics:
             bounds = token_buckets if isinstance(buckets, str) else buckets
             self._owner.new_metric(metric_id, family_id, self._labels, bounds)
             self._ids[name] = metric_id
+        self._engine = engine
         engine.on_finish = self._finished
         engine.on_step = self._stepped
 
@@ -123,6 +124,7 @@ class LlmMetrics:
         update(ids["vllm:e2e_request_latency_seconds"], "observe", seq.e2e_ns / 1e9)
         update(ids["vllm:request_prompt_tokens"], "observe", len(seq.prompt))
         update(ids["vllm:request_generation_tokens"], "observe", len(seq.generated))
+        self._stepped(self._engine)  # the gauges, before the last response leaves
 
     def close(self) -> None:
         self._owner.close()

@@ -164,11 +164,24 @@ class LatencyRecorder:
         # Request latencies of the last few seconds, for the status page (None: nobody asked).
         self.recent: WindowedQuantiles | None = None
 
-    def observe(
-        self, request_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
-    ) -> None:
-        """One successful request (called from `ModelStatistics.record_success`)."""
+    def observe_first_response(self, request_ns: int) -> None:
+        """A decoupled request's first response left `request_ns` after the request came."""
         if self.first_response is not None:
+            self.first_response.observe(request_ns // 1_000_000)
+
+    def observe(
+        self,
+        request_ns: int,
+        queue_ns: int,
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+        first_response: bool = True,
+    ) -> None:
+        """One successful request (called from `ModelStatistics.record_success`);
+        `first_response` false for a decoupled request, whose first response is observed when
+        it is sent (`observe_first_response`)."""
+        if first_response and self.first_response is not None:
             # Triton: whole milliseconds from request start to its first response.
             self.first_response.observe(request_ns // 1_000_000)
         summaries = self.summaries

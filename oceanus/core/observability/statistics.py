@@ -79,6 +79,7 @@ class ModelStatistics:
         infer_ns: int,
         output_ns: int,
         rows: int,
+        first_response: bool = True,
     ) -> None:
         self.success.add(request_ns)
         self.queue.add(queue_ns)
@@ -88,7 +89,9 @@ class ModelStatistics:
         self.inference_count += rows
         self.last_inference_ms = time.time_ns() // 1_000_000
         if self.latency is not None:
-            self.latency.observe(request_ns, queue_ns, input_ns, infer_ns, output_ns)
+            self.latency.observe(
+                request_ns, queue_ns, input_ns, infer_ns, output_ns, first_response
+            )
 
     def watch_recent(self, window_s: float, slots: int = 5) -> WindowedQuantiles:
         """The quantiles of the request latencies of the last `window_s` seconds, kept from the
