@@ -131,7 +131,9 @@ def test_load_errors_once_each_with_a_hint(tmp_path: Path, model_repository: Pat
     assert "the model file's shape is [-1,16], the config's dims give [-1,8]" in dims
     assert "write dims: [ 16 ]" in dims
     [tf] = [x for x in error_lines(result) if "'tf'" in x]
-    assert "known backends: onnxruntime" in tf and "known platforms: onnxruntime_onnx" in tf
+    known = tf.split("known backends: ", 1)[1].split(")", 1)[0].split(", ")
+    assert {"onnxruntime", "python", "vllm"} <= set(known) and known == sorted(known)
+    assert "known platforms: onnxruntime_onnx" in tf
     # The table: every model, no line wider than 100 columns, long reasons cut with "...".
     table = [line for line in log.splitlines() if line.startswith(("|", "+"))]
     assert table and max(len(line) for line in table) <= 100
