@@ -25,6 +25,7 @@ from oceanus.core.model import ModelEntry, ModelVersion
 from oceanus.core.server import ServerCore
 from oceanus.core.statistics import ModelStatistics
 from oceanus.core.system_metrics import SystemMetrics
+from oceanus.frontends.metrics.collector import shm_figures
 from oceanus.frontends.metrics.process import ProcessSampler, count_connections
 
 # The window p50/p99 are computed over: short enough to follow a change in load within seconds,
@@ -194,6 +195,7 @@ class StatusSource:
                 "memory_total_bytes": machine.cpu_memory_total_bytes if machine else None,
                 "memory_used_bytes": machine.cpu_memory_used_bytes if machine else None,
             },
+            "shared_memory": shm_figures(),
             "models": models(core, self._folders),
         }
 
