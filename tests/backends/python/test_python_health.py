@@ -165,6 +165,8 @@ def test_restarts_leave_no_open_files(server: Any) -> None:
                 break
             time.sleep(0.002)
         assert worker_pid(server) != pid  # served by the new worker
+        # The new worker's process shows before its rings and pipe are open: count once ready.
+        wait_ready(server)
     assert open_files() == before
 
 
