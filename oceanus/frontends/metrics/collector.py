@@ -190,9 +190,9 @@ class TritonCollector(Collector):
         versions = self._versions()
         if versions:
             yield from self._model_families(versions)
-        if self.system is not None:
+        if self.system is not None:  # machine readings (--allow-cpu-metrics)
             yield from self._system_families()
-        yield from _shm_families()
+            yield from _shm_families()
         if self.custom is not None:
             yield from _custom_families(self.custom.snapshot())
 
