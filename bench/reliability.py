@@ -432,7 +432,8 @@ async def phase_shm(server: benchlib.Server, seconds: float) -> dict[str, Any]:
         if await HttpClient(server.http_port).get(f"/v2/models/{m}/ready") == 200
     ]
     assert server.grpc_url is not None
-    channels = [grpc.aio.insecure_channel(server.grpc_url) for _ in range(8)]
+    unlimited = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+    channels = [grpc.aio.insecure_channel(server.grpc_url, options=unlimited) for _ in range(8)]
     calls = [checked_grpc_call(c, SHM_SMALL, 16, served) for c in channels[:2]]
     calls += [checked_grpc_call(c, SHM_BIG, 1 << 20, served) for c in channels[2:]]
     await asyncio.gather(*(closed_loop(recorder, call, stop_at) for call in calls))
@@ -448,6 +449,7 @@ async def phase_shm(server: benchlib.Server, seconds: float) -> dict[str, Any]:
             "sigbus": log.count("SIGBUS"),
             "stub_restarts": log.count("stub process restarted"),
             "models_loaded": len(loaded),
+            "served": dict(sorted(served.items())),
             "loaded_serving": sum(served[m] > 0 for m in loaded),
             "reserve_errors": sum(
                 "failed to load" in line and "failed to reserve shared memory" in line
