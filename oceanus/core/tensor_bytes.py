@@ -77,6 +77,16 @@ def _framed_end(name: str, data: bytes, limit: int) -> int:
     return min(offset, end)
 
 
+def check_bytes_count(name: str, count: int, model_name: str, request_id: str) -> None:
+    """Refuse a BYTES input of more than MAX_BYTES_ELEMENTS elements (before decoding it)."""
+    if count > MAX_BYTES_ELEMENTS:
+        raise invalid_arg(
+            f"[request id: {request_id or '<id_unknown>'}] inference input '{name}' for model "
+            f"'{model_name}' has {count} string elements, more than the {MAX_BYTES_ELEMENTS} "
+            "accepted in one tensor"
+        )
+
+
 def array_from_bytes(
     name: str,
     datatype: DataType,
@@ -91,11 +101,7 @@ def array_from_bytes(
         for dim in shape:
             expected *= dim
         prefix = f"[request id: {request_id or '<id_unknown>'}] "
-        if expected > MAX_BYTES_ELEMENTS:
-            raise invalid_arg(
-                f"{prefix}inference input '{name}' for model '{model_name}' has {expected} "
-                f"string elements, more than the {MAX_BYTES_ELEMENTS} accepted in one tensor"
-            )
+        check_bytes_count(name, expected, model_name, request_id)
         try:
             return bytes_elements(name, chunk, expected if expected >= 0 else MAX_BYTES_ELEMENTS)
         except TooManyElements:

@@ -319,4 +319,12 @@ def test_millions_of_empty_strings_are_refused_before_decoding(server: Any) -> N
             assert f"has {count} string elements, more than the {MAX_BYTES_ELEMENTS}" in error
         else:
             assert "expected 1 string elements for inference input 'INPUT0'" in error
+    # The same in JSON: refused from the shape (or the list's length) before any is converted.
+    data = b",".join([b'""'] * count)
+    for shape in ([1, count], [1, 1]):
+        tensor = json.dumps({"name": "INPUT0", "datatype": "BYTES", "shape": shape})
+        body = b'{"inputs":[' + tensor[:-1].encode() + b',"data":[' + data + b"]}]}"
+        answer = raw(server.http_port, post("/v2/models/identity_bytes/infer", body))
+        assert status_of(answer) == 400
+        assert "string elements, more than the" in body_of(answer)["error"]
     assert status_of(raw(server.http_port, post("/v2/models/simple/infer", _simple()))) == 200
