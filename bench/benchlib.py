@@ -163,13 +163,14 @@ def oceanus_server(
     timeout: float = 180.0,
     tag: str = "oceanus",
     extra: Sequence[str] = (),
+    wrap: Sequence[str] = (),
 ) -> Iterator[Server]:
-    """Start ``python -m oceanus`` on free ports (with `extra` flags), wait for
-    /v2/health/ready, stop it afterwards."""
+    """Start ``python -m oceanus`` on free ports (with `extra` flags; behind `wrap`, a command
+    that execs its arguments), wait for /v2/health/ready, stop it afterwards."""
     http_port, grpc_port = free_port(), free_port()
     while grpc_port == http_port:
         grpc_port = free_port()
-    argv = oceanus_argv(repository, http_port, grpc_port) + list(extra)
+    argv = list(wrap) + oceanus_argv(repository, http_port, grpc_port) + list(extra)
     log_path = log_dir / f"{tag}-{http_port}.log"
     with _started(argv, log_path, http_port, grpc_port, "/v2/health/ready", timeout) as server:
         yield server

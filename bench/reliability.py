@@ -11,7 +11,12 @@ Phases (each on its own server, started and stopped here; `--phases` picks some)
 * `reload`: `simple_dyna` reloaded every 0.5 s (explicit mode) under steady load: no failure;
 * `soak`: mixed traffic (HTTP JSON and binary, gRPC unary and streams, reloads) for
   `--soak-seconds` (default 600): RSS and open file descriptors of every server process are
-  sampled; after a warm-up they must stay within 5 %.
+  sampled; after a warm-up they must stay within 5 %;
+* `shm`: a container's small /dev/shm (issue 30): the server alone in a mount namespace whose
+  /dev/shm is a `--shm-mb` tmpfs (root: `unshare -m`), two small Python models and six taking
+  4 MiB tensors (more rings than the budget holds), 8 gRPC clients checking every answer for
+  `--seconds`: SIGBUS and stub restarts (from the log), wrong answers, refusals by code, how
+  many models loaded and how many of those served, and whether the server is alive at the end.
 
 For each phase: requests, failures by cause (HTTP status or gRPC code, or the exception), p50 and
 p99 latency, RSS and open fds (all server processes: core and frontend workers) at start, peak
@@ -19,6 +24,7 @@ and after the load stopped. Printed as a table, written to bench/results/reliabi
 
     python bench/reliability.py [--phases connections,overload,fault,reload] [--seconds 20]
     python bench/reliability.py --phases soak --soak-seconds 600
+    python bench/reliability.py --phases shm --shm-mb 64 --seconds 180
 """
 
 from __future__ import annotations
@@ -367,6 +373,92 @@ async def phase_soak(server: benchlib.Server, seconds: float) -> dict[str, Any]:
     return await recorder.row(f"soak {seconds:.0f} s mixed", growth)
 
 
+SHM_SMALL, SHM_BIG = ("pysmall0", "pysmall1"), tuple(f"pybig{i}" for i in range(6))
+
+
+def shm_repository(root: Path) -> Path:
+    for name in SHM_SMALL + SHM_BIG:
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.py").write_text(IDENTITY_PY.replace("time.sleep(0.05)", "0"))
+        config = IDENTITY_CONFIG.replace('"pyident"', f'"{name}"')
+        config = config.replace("max_batch_size: 8", "max_batch_size: 0")
+        (root / name / "config.pbtxt").write_text(config.replace("[ 16 ]", "[ -1 ]"))
+    return root
+
+
+def shm_wrap(megabytes: int) -> list[str]:
+    """A command running its arguments in a private mount namespace with a small /dev/shm."""
+    mount = f"mount -t tmpfs -o size={megabytes}m tmpfs /dev/shm"
+    return ["unshare", "-m", "sh", "-c", f'{mount} && exec "$@"', "sh"]
+
+
+def checked_grpc_call(
+    channel: grpc.aio.Channel, models: tuple[str, ...], elements: int, served: Counter[str]
+) -> Callable[[], Awaitable[str | None]]:
+    """Identity requests over the models in turn; a wrong answer is a failure of its own."""
+    method = channel.unary_unary(
+        "/inference.GRPCInferenceService/ModelInfer",
+        request_serializer=lambda m: m.SerializeToString(),
+        response_deserializer=pb.ModelInferResponse.FromString,
+    )
+    data = np.random.default_rng(elements).random(elements, dtype=np.float32).tobytes()
+    turn = iter(range(1 << 62))
+
+    async def call() -> str | None:
+        model = models[next(turn) % len(models)]
+        request = pb.ModelInferRequest(model_name=model)
+        request.inputs.add(name="INPUT0", datatype="FP32", shape=[elements])
+        request.raw_input_contents.append(data)
+        try:
+            answer = await method(request, timeout=60)
+        except grpc.aio.AioRpcError as error:
+            return f"gRPC {error.code().name}"
+        if answer.raw_output_contents[0] != data:
+            return "wrong output"
+        served[model] += 1
+        return None
+
+    return call
+
+
+async def phase_shm(server: benchlib.Server, seconds: float) -> dict[str, Any]:
+    recorder = Recorder(server.proc.pid)
+    sampler = asyncio.ensure_future(recorder.sampler())
+    stop_at = time.monotonic() + seconds
+    served: Counter[str] = Counter()
+    loaded = [
+        m
+        for m in SHM_SMALL + SHM_BIG
+        if await HttpClient(server.http_port).get(f"/v2/models/{m}/ready") == 200
+    ]
+    assert server.grpc_url is not None
+    unlimited = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+    channels = [grpc.aio.insecure_channel(server.grpc_url, options=unlimited) for _ in range(8)]
+    calls = [checked_grpc_call(c, SHM_SMALL, 16, served) for c in channels[:2]]
+    calls += [checked_grpc_call(c, SHM_BIG, 1 << 20, served) for c in channels[2:]]
+    await asyncio.gather(*(closed_loop(recorder, call, stop_at) for call in calls))
+    sampler.cancel()
+    for channel in channels:
+        await channel.close()
+    alive = server.proc.poll() is None
+    log = server.log_path.read_text(errors="replace")
+    return await recorder.row(
+        f"shm: /dev/shm {SHM_MB} MB, 8 Python models{SHM_RING}",
+        {
+            "alive": alive,
+            "sigbus": log.count("SIGBUS"),
+            "stub_restarts": log.count("stub process restarted"),
+            "models_loaded": len(loaded),
+            "served": dict(sorted(served.items())),
+            "loaded_serving": sum(served[m] > 0 for m in loaded),
+            "reserve_errors": sum(
+                "failed to load" in line and "failed to reserve shared memory" in line
+                for line in log.splitlines()
+            ),
+        },
+    )
+
+
 # ---- main ----------------------------------------------------------------------------------
 
 
@@ -394,7 +486,10 @@ PHASES = {
     "fault": phase_fault,
     "reload": phase_reload,
     "soak": phase_soak,
+    "shm": phase_shm,
 }
+SHM_MB = 64
+SHM_RING = ""
 
 
 def main() -> int:
@@ -403,7 +498,14 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--soak-seconds", type=float, default=600.0)
     parser.add_argument("--frontend-workers", default="auto")
+    parser.add_argument("--shm-mb", type=int, default=64, help="/dev/shm size of the shm phase")
+    parser.add_argument(
+        "--shm-ring-bytes", type=int, default=0, help="shm phase: shm-default-byte-size (0: 8 MiB)"
+    )
     args = parser.parse_args()
+    global SHM_MB, SHM_RING
+    SHM_MB = args.shm_mb
+    SHM_RING = f", rings {args.shm_ring_bytes >> 10} KiB" if args.shm_ring_bytes else ""
     rows = []
     load_before = benchlib.loadavg()
     with tempfile.TemporaryDirectory(prefix="oceanus-reliability-") as tmp:
@@ -414,7 +516,19 @@ def main() -> int:
             if phase in ("reload", "soak"):
                 extra += ["--model-control-mode=explicit", "--load-model=*"]
             seconds = args.soak_seconds if phase == "soak" else args.seconds
-            with benchlib.oceanus_server(repo, log_dir, tag=phase, extra=extra) as server:
+            wrap: list[str] = []
+            phase_repo = repo
+            if phase == "shm":
+                phase_repo = shm_repository(Path(tmp) / "shm-repo")
+                wrap = shm_wrap(args.shm_mb)
+                extra += ["--exit-on-error=false", "--strict-readiness=false"]
+                if args.shm_ring_bytes:
+                    extra.append(
+                        f"--backend-config=python,shm-default-byte-size={args.shm_ring_bytes}"
+                    )
+            with benchlib.oceanus_server(
+                phase_repo, log_dir, tag=phase, extra=extra, wrap=wrap
+            ) as server:
                 row = asyncio.run(PHASES[phase](server, seconds))
             rows.append(row)
             print(json.dumps(row))

@@ -27,6 +27,7 @@ from oceanus.frontends.metrics.server import enable_latency_recording
 from oceanus.frontends.openai import OpenAIFrontend
 from oceanus.frontends.workers.core_link import CoreLink
 from oceanus.frontends.workers.supervisor import FrontendWorkers, auto_workers, claim_port
+from oceanus.ipc import budget
 from oceanus.logs import configure, table
 from oceanus.settings import Settings
 from oceanus.storage import RepositoryError, RepositorySet
@@ -82,7 +83,7 @@ def core_options(
     return CoreOptions(
         repositories=repositories.folders,
         refresh_repositories=repositories.refresh if repositories.mirrors else None,
-        backends=builtin.registry(),
+        backends=builtin.registry(backend_config=settings.backend_config),
         autocomplete=settings.autocomplete,
         strict_readiness=settings.strict_readiness,
         load_threads=settings.model_load_thread_count or 1,
@@ -403,6 +404,16 @@ def log_model_table(core: ServerCore) -> None:
     # As Triton prints it, but within a terminal's width: a long reason is cut here and
     # is whole in its "failed to load" line above.
     log.info("\n%s", table(["Model", "Version", "Status"], rows, max_width=TABLE_WIDTH))
+    # A container's /dev/shm is often small (Docker: 64 MB): say what there is and what the
+    # models' rings took, so a too-small one is seen before it matters.
+    size, free = budget.usage()
+    log.info(
+        "%s: %s, %s used, %s reserved by the loaded models' rings",
+        budget.shm_dir(),
+        budget.human(size),
+        budget.human(size - free),
+        budget.human(budget.reserved()),
+    )
 
 
 def frontend_worker_count(settings: Settings) -> int:

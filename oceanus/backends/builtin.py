@@ -3,6 +3,8 @@ it, so unused frameworks cost nothing at start-up."""
 
 from __future__ import annotations
 
+import functools
+
 from oceanus.core.backend import Backend
 from oceanus.core.backend_registry import BackendRegistry, BackendSpec
 
@@ -38,13 +40,24 @@ def _llm() -> Backend:
     return LlmBackend()
 
 
-def _python() -> Backend:
+def _python(options: dict[str, str]) -> Backend:
     from oceanus.backends.python.backend import PythonBackend
 
-    return PythonBackend()
+    return PythonBackend(options)
 
 
-def specs() -> list[BackendSpec]:
+def backend_options(backend_config: list[str], backend: str) -> dict[str, str]:
+    """`--backend-config=<backend>,<key>=<value>` entries for one backend, as a dict."""
+    options = {}
+    for entry in backend_config:
+        name, _, setting = entry.partition(",")
+        key, sep, value = setting.partition("=")
+        if name == backend and sep:
+            options[key] = value
+    return options
+
+
+def specs(backend_config: list[str] | None = None) -> list[BackendSpec]:
     """In the order Triton's auto-complete tries model file names."""
     return [
         BackendSpec(
@@ -84,7 +97,11 @@ def specs() -> list[BackendSpec]:
             label="OpenVINO",
             install="pip install oceanus[openvino]",
         ),
-        BackendSpec("python", _python, model_files={"model.py": ""}),
+        BackendSpec(
+            "python",
+            functools.partial(_python, backend_options(backend_config or [], "python")),
+            model_files={"model.py": ""},
+        ),
         # Triton's vLLM model folders, and the same engine under our own name.
         *(
             BackendSpec(
@@ -99,9 +116,9 @@ def specs() -> list[BackendSpec]:
     ]
 
 
-def registry(entry_points: bool = True) -> BackendRegistry:
+def registry(entry_points: bool = True, backend_config: list[str] | None = None) -> BackendRegistry:
     """The built-in backends, then those installed packages add (which may replace them)."""
-    found = BackendRegistry(specs())
+    found = BackendRegistry(specs(backend_config))
     if entry_points:
         found.register_entry_points()
     return found

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.core.errors import InferenceServerError, unavailable
+from oceanus.core.errors import InferenceServerError, invalid_arg, unavailable
 from oceanus.core.observability.custom_metrics import CustomMetricRegistry
 from oceanus.core.types import InferRequest, InferResponse
 
@@ -217,8 +217,8 @@ def model_file(
     name = config.default_model_filename or default
     path = version_dir / name
     inside = Path(name).parts and not Path(name).is_absolute() and ".." not in Path(name).parts
-    if not inside:
-        raise unavailable(
+    if not inside:  # the config's mistake (a client's, for a load override): 400, not 503
+        raise invalid_arg(
             f"unable to find '{name}' for model '{config.name}': default_model_filename must "
             f"name a file inside the version folder '{version_dir.name}'"
         )

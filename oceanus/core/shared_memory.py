@@ -25,6 +25,7 @@ mistake with INTERNAL (HTTP 500), these are INVALID_ARG (400) with the same word
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import mmap
 import os
@@ -144,6 +145,19 @@ class SharedMemoryManager:
                     f"failed to register shared memory region '{name}': unable to process address "
                     "spaceInvalid argument"
                 )
+            # The client's object may be sparse: take its pages now, or a full /dev/shm would
+            # kill the server by SIGBUS when it writes an output there (the contents are kept).
+            try:
+                os.posix_fallocate(fd, offset, byte_size)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:  # a file system without fallocate: map as before
+                    log.debug("reserving shared memory object '%s' failed: %s", key, exc)
+                else:
+                    raise invalid_arg(
+                        f"failed to register shared memory region '{name}': /dev/shm has no "
+                        f"room for its {byte_size} bytes (the shared memory object is sparse and "
+                        "the file system is full)"
+                    ) from None
             # mmap offsets must be page-aligned: map from the page holding `offset`.
             base = offset % mmap.ALLOCATIONGRANULARITY
             try:

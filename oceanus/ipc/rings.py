@@ -8,6 +8,12 @@ they were received; a block released early waits for the blocks before it. A mes
 not fit in the free part of the ring goes through a one-off file that the reader unlinks as soon
 as it has mapped it, so a full ring never blocks a writer (which could otherwise deadlock with a
 reader waiting on it).
+
+Every file is reserved (budget.reserve, posix_fallocate) when it is made, never left sparse: a
+ring that does not fit in /dev/shm fails its creation with budget.ShmFull, and a one-off file
+that does not fit is replaced by the message's own bytes sent inline over the control socket
+(location kind "m": slower, one more copy each side, but correct; budget.count_fallback counts
+it). Nothing here can SIGBUS on a full /dev/shm.
 """
 
 from __future__ import annotations
@@ -23,24 +29,32 @@ from typing import Any
 
 import numpy as np
 
+from oceanus.ipc import budget
+
 _TAIL = struct.Struct("<Q")
 RING_HEADER = 64
 DEFAULT_RING_BYTES = 8 << 20
 
-# Where a block is: ("r", offset in the ring's data, the ring position just past it) or
-# ("f", path of a one-off file, size). A plain tuple: it travels inside marshal messages.
+# Where a block is: ("r", offset in the ring's data, the ring position just past it),
+# ("f", path of a one-off file, size) or ("m", the bytes themselves, size). A plain tuple: it
+# travels inside marshal messages.
 Location = tuple[Any, ...]
 
 
-def shm_dir() -> str:
-    return "/dev/shm" if os.path.isdir("/dev/shm") else os.environ.get("TMPDIR", "/tmp")
+shm_dir = budget.shm_dir
 
 
 def create_ring_file(path: str, capacity: int) -> None:
-    """Create a ring file (the process that starts the other one creates both directions)."""
+    """Create a ring file, its pages reserved (the process that starts the other one creates
+    both directions); budget.ShmFull (nothing left behind) when /dev/shm cannot hold it."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.ftruncate(fd, RING_HEADER + capacity)
+        budget.reserve(fd, RING_HEADER + capacity)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        raise
     finally:
         os.close(fd)
 
@@ -82,7 +96,18 @@ class RingWriter:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, max(size, 1))
+            budget.reserve(fd, max(size, 1))
             mapping = mmap.mmap(fd, max(size, 1))
+        except budget.ShmFull:
+            os.unlink(path)
+            # No room in /dev/shm: the bytes travel inside the message itself (marshal
+            # sends a bytearray as bytes).
+            budget.count_fallback()
+            inline = bytearray(size)
+            return ("m", inline, size), np.frombuffer(inline, dtype=np.uint8), None
+        except BaseException:
+            os.unlink(path)
+            raise
         finally:
             os.close(fd)
         return ("f", path, size), np.frombuffer(mapping, dtype=np.uint8, count=size), mapping
@@ -111,6 +136,9 @@ class RingReader:
             with self._lock:
                 self._blocks.append(token)
             return self._bytes[RING_HEADER + offset :], token
+        if loc[0] == "m":
+            budget.count_fallback()  # counted where it is read too: see budget.count_fallback
+            return np.frombuffer(bytearray(loc[1]), dtype=np.uint8), None
         _, path, size = loc
         mapping = _map(path, max(size, 1))
         with contextlib.suppress(FileNotFoundError):

@@ -104,6 +104,15 @@ def test_default_model_filename_stays_in_the_version_folder(
         )
     # Whether the file exists or not, the same words: nothing can be learned about the host.
     assert "must name a file inside the version folder" in str(error.value.message())
+    # The client's mistake: 400 / INVALID_ARGUMENT (it was 503, the server's fault).
+    assert error.value.status() == "400"
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException) as grpc_error:
+        grpc.load_model(
+            "escaping", config=orjson.dumps(config).decode(), files={"file:1/model.onnx": onnx_file}
+        )
+    assert "StatusCode.INVALID_ARGUMENT" in str(grpc_error.value.status())
+    assert "must name a file inside the version folder" in str(grpc_error.value.message())
 
 
 def _gather_model(path: Path) -> None:

@@ -15,16 +15,37 @@ from pathlib import Path
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from oceanus.backends.python import transport as tp
 from oceanus.backends.python.instance import PythonInstance
 from oceanus.backends.python.stub_launcher import run_autocomplete
 from oceanus.core.backend import Backend, LoadContext, RequestInstance
 from oceanus.core.errors import invalid_arg
 from oceanus.proto_json import message_to_dict
 
+# The smallest ring `shm-default-byte-size` may ask for: below it almost every message would
+# take the one-off path.
+MIN_RING_BYTES = 64 << 10
+
 
 class PythonBackend(Backend):
     name = "python"
     default_model_filename = "model.py"
+
+    def __init__(self, options: dict[str, str] | None = None) -> None:
+        # `--backend-config=python,shm-default-byte-size=N`: each of an instance's two rings
+        # (Triton's option name; its meaning here: the fixed size of one ring).
+        self.ring_bytes = tp.DEFAULT_RING_BYTES
+        value = (options or {}).get("shm-default-byte-size")
+        if value is not None:
+            try:
+                self.ring_bytes = int(value)
+            except ValueError:
+                self.ring_bytes = -1
+            if self.ring_bytes < MIN_RING_BYTES:
+                raise invalid_arg(
+                    f"--backend-config=python,shm-default-byte-size={value}: expected a number "
+                    f"of bytes, at least {MIN_RING_BYTES}"
+                )
 
     def complete_config(self, config: mc.ModelConfig, model_path: Path, autocomplete: bool) -> None:
         if not autocomplete:
@@ -45,4 +66,4 @@ class PythonBackend(Backend):
         config.CopyFrom(parsed)
 
     def load(self, context: LoadContext) -> RequestInstance:
-        return PythonInstance(context)
+        return PythonInstance(context, self.ring_bytes)

@@ -74,7 +74,7 @@ def _parameter(config: mc.ModelConfig, key: str) -> str | None:
 class PythonInstance(RequestInstance):
     """A model instance whose model.py runs in a stub process."""
 
-    def __init__(self, context: LoadContext) -> None:
+    def __init__(self, context: LoadContext, ring_bytes: int = tp.DEFAULT_RING_BYTES) -> None:
         config, model_path, spec = context.config, context.files.model_path, context.spec
         server = context.server  # where BLS requests and pb_utils' model calls go
         self.name = spec.name
@@ -107,7 +107,7 @@ class PythonInstance(RequestInstance):
                 f"model '{config.name}': parameter '{EXECUTE_TIMEOUT_PARAMETER}' must be a "
                 f"number of seconds, got '{timeout}'"
             ) from None
-        self._capacity = tp.DEFAULT_RING_BYTES
+        self._capacity = ring_bytes
         self._metrics = server.custom_metrics if server is not None else _FALLBACK_METRICS
         self._lock = threading.Lock()
         self._ready = threading.Event()
@@ -253,8 +253,7 @@ class PythonInstance(RequestInstance):
             if thread is not threading.current_thread():
                 thread.join(timeout=5)
         mailbox.dispose()
-        stub.writer.close()
-        stub.reader.close()
+        stub.close_rings()
         for stream in streams:
             if stream is not None:
                 stream.send(None, error, True)
@@ -300,8 +299,7 @@ class PythonInstance(RequestInstance):
             if thread is not threading.current_thread():
                 thread.join(timeout=10)
         stub.metrics.close()
-        stub.writer.close()
-        stub.reader.close()
+        stub.close_rings()
 
     # ---- execution ----------------------------------------------------------------------------
 

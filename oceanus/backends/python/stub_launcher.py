@@ -22,8 +22,9 @@ from typing import Any
 
 from oceanus.backends.python import messages as msg
 from oceanus.backends.python import transport as tp
-from oceanus.core.errors import internal
+from oceanus.core.errors import InferenceServerError, internal, unavailable
 from oceanus.core.observability.custom_metrics import MetricOwner
+from oceanus.ipc import budget
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
 # A model's is_ready(): an answer younger than this is reused (instance.py asks).
@@ -62,6 +63,11 @@ class Stub:
         self.check_id: int | None = None
         self.check_sent = 0.0
 
+    def close_rings(self) -> None:
+        self.writer.close()
+        self.reader.close()
+        budget.drop(self.prefix)
+
     def remove_files(self) -> None:
         """One-off files of messages the stub died before reading."""
         for path in glob.glob(f"{self.prefix}-*"):
@@ -83,8 +89,13 @@ def spawn(
     tag = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
     prefix = f"{tp.shm_dir()}/oceanus-py-{os.getpid()}-{tag}-{generation}-{uuid.uuid4().hex[:8]}"
     s2w, w2s = f"{prefix}-s2w", f"{prefix}-w2s"
-    tp.create_ring_file(s2w, capacity)
-    tp.create_ring_file(w2s, capacity)
+    try:
+        tp.create_ring_file(s2w, capacity)
+        tp.create_ring_file(w2s, capacity)
+    except budget.ShmFull as full:
+        unlink(s2w)
+        raise shm_error(name, 2 * (tp.RING_HEADER + capacity), full) from None
+    budget.hold(prefix, 2 * (tp.RING_HEADER + capacity))
     parent, child = socket.socketpair()
     process: subprocess.Popen[bytes] | None = None
     channel = tp.Channel(parent)
@@ -112,6 +123,7 @@ def spawn(
         if message.error is not None:
             raise internal(str(message.error))
     except BaseException:
+        budget.drop(prefix)
         channel.close()
         child.close()
         if process is not None:
@@ -125,6 +137,19 @@ def spawn(
         unlink(w2s)
     stub.has_is_ready = bool(message.result)
     return stub
+
+
+def shm_error(instance: str, needed: int, full: budget.ShmFull) -> InferenceServerError:
+    """The load error when an instance's rings do not fit in /dev/shm: what, how much, the way
+    out (docs/python-backend.md, "Shared memory budget")."""
+    return unavailable(
+        f"failed to reserve shared memory for model instance '{instance}': its two rings need "
+        f"{budget.human(needed)} and {budget.shm_dir()} has {budget.human(full.free)} free of "
+        f"{budget.human(full.size)}. Give the server more shared memory (docker run "
+        "--shm-size, a larger memory-backed /dev/shm volume), use smaller rings "
+        "(--backend-config=python,shm-default-byte-size=<bytes per ring>; larger messages then "
+        "take one-off segments), or load fewer instances (instance_group count)"
+    )
 
 
 def run_autocomplete(model_path: Path, config_json: str) -> str:

@@ -12,6 +12,7 @@ from oceanus.ipc import channel as _channel
 from oceanus.ipc.channel import Mailbox
 from oceanus.ipc.rings import (
     DEFAULT_RING_BYTES,
+    RING_HEADER,
     Location,
     RingReader,
     RingWriter,
@@ -29,6 +30,7 @@ from oceanus.ipc.tensors import (
 
 __all__ = [
     "DEFAULT_RING_BYTES",
+    "RING_HEADER",
     "Channel",
     "Location",
     "Mailbox",

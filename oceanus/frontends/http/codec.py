@@ -15,7 +15,7 @@ from oceanus.core import datatypes
 from oceanus.core.datatypes import DataType
 from oceanus.core.errors import InferenceServerError, invalid_arg
 from oceanus.core.shared_memory import NO_REGIONS, SharedMemoryManager
-from oceanus.core.tensor_bytes import array_from_bytes, array_to_bytes
+from oceanus.core.tensor_bytes import array_from_bytes, array_to_bytes, check_bytes_count
 from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -307,10 +307,14 @@ def _decode_input(
             f"receiving {datatype.name} data via JSON is not supported. Please use the binary "
             f"data format for input {name}"
         )
-    data = json_to_array(datatype, item["data"])
     expected = 1
     for dim in shape:
         expected *= dim
+    if datatype.is_bytes:  # one Python object per element: bounded before any is made
+        given = item["data"]
+        count = max(expected, len(given) if isinstance(given, list) else 1)
+        check_bytes_count(name, count, model_name, request.id)
+    data = json_to_array(datatype, item["data"])
     if data.size != expected:
         raise invalid_arg("Unable to parse 'data': Shape does not match true shape of 'data' field")
     return Tensor(name, datatype_name, shape, data), offset

@@ -24,6 +24,7 @@ from oceanus.core.observability.statistics import FAILURE_REASONS, Duration, Mod
 from oceanus.core.server import ServerCore
 from oceanus.frontends.metrics.config import MetricsConfig
 from oceanus.frontends.metrics.system import SystemMetrics
+from oceanus.ipc import budget
 
 
 class CustomFamilies(Protocol):
@@ -182,8 +183,9 @@ class TritonCollector(Collector):
         versions = self._versions()
         if versions:
             yield from self._model_families(versions)
-        if self.system is not None:
+        if self.system is not None:  # machine readings (--allow-cpu-metrics)
             yield from self._system_families()
+            yield from _shm_families()
         if self.custom is not None:
             yield from _custom_families(self.custom.snapshot())
 
@@ -287,6 +289,38 @@ class TritonCollector(Collector):
             metric = Metric(name, help_text, "gauge")
             metric.add_sample(name, {}, float(value))
             yield metric
+
+
+SHM_FAMILIES = (
+    ("oceanus_shm_size_bytes", "Size of /dev/shm, in bytes", "gauge"),
+    ("oceanus_shm_used_bytes", "Used bytes of /dev/shm (every process)", "gauge"),
+    ("oceanus_shm_reserved_bytes", "Bytes of /dev/shm the loaded models' rings reserve", "gauge"),
+    (
+        "oceanus_shm_fallback",
+        "Messages to or from a Python stub sent through its socket: /dev/shm had no room",
+        "counter",
+    ),
+)
+
+
+def shm_figures() -> dict[str, int]:
+    """/dev/shm's size and use, what our rings reserve, and the fallbacks (not Triton's: these
+    show when a container's /dev/shm is too small, see docs/python-backend.md)."""
+    size, free = budget.usage()
+    return {
+        "size_bytes": size,
+        "used_bytes": size - free,
+        "reserved_bytes": budget.reserved(),
+        "fallbacks": budget.fallbacks(),
+    }
+
+
+def _shm_families() -> Iterator[Metric]:
+    figures = shm_figures()
+    for (name, help_text, typ), value in zip(SHM_FAMILIES, figures.values(), strict=True):
+        metric = Metric(name, help_text, typ)
+        metric.add_sample(name, {}, float(value))
+        yield metric
 
 
 def _custom_families(families: list[FamilySnapshot]) -> Iterator[Metric]:

@@ -23,6 +23,7 @@ from oceanus.core.errors import InferenceServerError
 from oceanus.core.model import ModelEntry, ModelVersion
 from oceanus.core.observability.statistics import ModelStatistics
 from oceanus.core.server import ServerCore, display_name
+from oceanus.frontends.metrics.collector import shm_figures
 from oceanus.frontends.metrics.process import ProcessSampler, count_connections
 from oceanus.frontends.metrics.system import SystemMetrics
 
@@ -193,6 +194,7 @@ class StatusSource:
                 "memory_total_bytes": machine.cpu_memory_total_bytes if machine else None,
                 "memory_used_bytes": machine.cpu_memory_used_bytes if machine else None,
             },
+            "shared_memory": shm_figures(),
             "models": models(core, self._folders),
         }
 

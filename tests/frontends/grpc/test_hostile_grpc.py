@@ -135,3 +135,19 @@ def test_streams_abandoned_half_way_leave_nothing_behind(server: Any) -> None:
     for future in futures[1::2]:
         assert np.frombuffer(future.result().raw_output_contents[0], np.int32)[0] == 4
     channel.close()
+
+
+def test_millions_of_empty_strings_are_invalid_arguments(grpc_channel: grpc.Channel) -> None:
+    """4 M empty BYTES elements: refused from the shape, before anything is decoded."""
+    count = 4_000_000
+    for shape, words in (
+        ([1, count], f"has {count} string elements, more than the"),
+        ([1, 1], "expected 1 string elements for inference input 'INPUT0'"),
+    ):
+        request = pb.ModelInferRequest(model_name="identity_bytes")
+        request.inputs.add(name="INPUT0", datatype="BYTES", shape=shape)
+        request.raw_input_contents.append(bytes(4 * count))
+        answer = _call(grpc_channel, "ModelInfer", request, pb.ModelInferResponse)
+        assert isinstance(answer, grpc.RpcError)
+        assert answer.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert words in str(answer.details())

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 import pytest
 
+from oceanus.core.tensor_bytes import MAX_BYTES_ELEMENTS
 from oceanus.frontends.http import protocol
 from oceanus.frontends.http.protocol import HttpRequest, HttpResponse, HttpServer
 
@@ -262,20 +263,22 @@ def test_a_slow_head_is_timed_out() -> None:
 def test_a_big_body_is_decoded_while_other_requests_are_served(server: Any) -> None:
     """Millions of BYTES elements take seconds to turn into arrays; that happens on a thread,
     so a health probe sent meanwhile is answered before the big request is."""
-    count = 4_000_000
+    count = MAX_BYTES_ELEMENTS  # per input: four inputs at the limit
+    names = ("INPUT0", "INPUT1", "INPUT2", "INPUT3")
     header = json.dumps(
         {
             "inputs": [
                 {
-                    "name": "INPUT0",
+                    "name": name,
                     "datatype": "BYTES",
                     "shape": [1, count],
                     "parameters": {"binary_data_size": 4 * count},
                 }
+                for name in names
             ]
         }
     ).encode()
-    body = header + b"\x00\x00\x00\x00" * count
+    body = header + b"\x00\x00\x00\x00" * count * len(names)
     big = socket.create_connection(("127.0.0.1", server.http_port), timeout=60)
     big.sendall(
         post(
@@ -292,10 +295,41 @@ def test_a_big_body_is_decoded_while_other_requests_are_served(server: Any) -> N
             big.recv(1)
         big.setblocking(True)
         answer = big.recv(65536)
-        assert status_of(answer) == 400  # one input where the model takes two (Triton's order)
-        assert "expected 2 inputs but got 1 inputs" in body_of(answer)["error"]
+        assert status_of(answer) == 400  # four inputs where the model takes two
     finally:
         big.close()
+
+
+def test_millions_of_empty_strings_are_refused_before_decoding(server: Any) -> None:
+    """4 M empty BYTES elements (a 16 MiB body) used to cost seconds and ~300 MB: the shape says
+    the count, over the limit it is a 400 before one element is decoded (bench/hostile: <0.5 s)."""
+    count = 4_000_000
+    for shape in ([1, count], [1, 1]):  # as declared, and a shape that lies about the count
+        tensor = {
+            "name": "INPUT0",
+            "datatype": "BYTES",
+            "shape": shape,
+            "parameters": {"binary_data_size": 4 * count},
+        }
+        header = json.dumps({"inputs": [tensor]}).encode()
+        lengths = {"Inference-Header-Content-Length": str(len(header))}
+        body = header + b"\x00\x00\x00\x00" * count
+        answer = raw(server.http_port, post("/v2/models/identity_bytes/infer", body, lengths))
+        assert status_of(answer) == 400
+        error = body_of(answer)["error"]
+        if shape[1] == count:
+            assert f"has {count} string elements, more than the {MAX_BYTES_ELEMENTS}" in error
+        else:
+            assert "expected 1 string elements for inference input 'INPUT0'" in error
+    # The same in JSON: refused from the shape (or the list's length) before any is converted.
+    data = b",".join([b'""'] * count)
+    for shape in ([1, count], [1, 1]):
+        tensor = json.dumps({"name": "INPUT0", "datatype": "BYTES", "shape": shape})
+        body = b'{"inputs":[' + tensor[:-1].encode() + b',"data":[' + data + b"]}]}"
+        answer = raw(server.http_port, post("/v2/models/identity_bytes/infer", body))
+        assert status_of(answer) == 400
+        assert "string elements, more than the" in body_of(answer)["error"]
+    assert status_of(raw(server.http_port, post("/v2/models/simple/infer", _simple()))) == 200
 
 
 def test_body_over_max_input_size(model_repository: Any, launch: Any) -> None:

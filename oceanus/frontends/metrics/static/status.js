@@ -384,7 +384,9 @@
     }
     const machine = doc.machine;
     setText("machine", machine.cpu_utilization === null ? "–" : `${number.format(100 * machine.cpu_utilization)} %`);
-    setText("machine-sub", machine.memory_total_bytes ? `CPU busy; memory ${fmtBytes(machine.memory_used_bytes)} of ${fmtBytes(machine.memory_total_bytes)}` : "CPU busy");
+    const shm = doc.shared_memory;
+    const shmText = shm ? `; /dev/shm ${fmtBytes(shm.used_bytes)} used, ${fmtBytes(shm.reserved_bytes)} reserved by models, of ${fmtBytes(shm.size_bytes)}${shm.fallbacks ? `, ${number.format(shm.fallbacks)} messages without room` : ""}` : "";
+    setText("machine-sub", (machine.memory_total_bytes ? `CPU busy; memory ${fmtBytes(machine.memory_used_bytes)} of ${fmtBytes(machine.memory_total_bytes)}` : "CPU busy") + shmText);
     setText("uptime", fmtDuration(doc.uptime_s));
     setText("uptime-sub", `oceanus ${server.version} · ${server.control_mode} model control`);
   }
