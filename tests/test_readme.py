@@ -10,8 +10,9 @@ the test suite, which this test is part of, and the checks of this checkout that
 
 What a test machine cannot do as a newcomer's does is substituted, the same way for every block:
 - `pip ...` is not run: the test runs in the environment scripts/test.sh installed. Instead
-  `test_pip_install_provides_the_examples_imports` checks that a plain `pip install .` brings
-  every module the README's Python imports (tritonclient.http needs the [http] extra).
+  `test_pip_install_provides_the_examples_imports` checks that the README's pip lines (`pip
+  install .`, then `.[llm]` and the openai client) bring every module its Python imports
+  (tritonclient.http needs the [http] extra).
 - `oceanus ...` starts in the background with `--http-port/--grpc-port/--metrics-port` on free
   loopback ports appended, and the block goes on once it is live; the next `oceanus` line stops
   the previous server first (the README starts each in its own terminal). `localhost:8000`,
@@ -261,14 +262,29 @@ def _imports(source: str) -> set[str]:
 
 
 def test_pip_install_provides_the_examples_imports() -> None:
-    """What the README's first command installs covers what its Python blocks import."""
+    """What the README's pip lines install covers what its Python blocks import."""
     tomllib = pytest.importorskip("tomllib")
     from importlib.metadata import packages_distributions
 
     from packaging.requirements import Requirement
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    requirements = {Requirement(r).name.lower(): Requirement(r) for r in project["dependencies"]}
+    # What the README's pip lines install: the project ('.', with the extras named) and any
+    # package named beside it (`pip install '.[llm]' openai`).
+    installed = list(project["dependencies"])
+    for block in BLOCKS:
+        for line in block.text.splitlines() if block.language == "bash" else []:
+            words = line.split("#")[0].replace("'", "").split()
+            if words[:2] != ["pip", "install"]:
+                continue
+            for word in words[2:]:
+                if word.startswith("."):
+                    extras = word.partition("[")[2].rstrip("]")
+                    for extra in filter(None, extras.split(",")):
+                        installed += project["optional-dependencies"][extra]
+                elif not word.startswith("-"):
+                    installed.append(word)
+    requirements = {Requirement(r).name.lower(): Requirement(r) for r in installed}
     providers = packages_distributions()
     imported = set().union(*(_imports(b.text) for b in BLOCKS if b.language == "python"))
     assert "tritonclient.http" in imported

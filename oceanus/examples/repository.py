@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import onnx
 
@@ -24,7 +25,7 @@ log = logging.getLogger("oceanus.examples")
 # Bump whenever any generated file changes, so stale cached repositories are not reused.
 GENERATOR_VERSION = 3  # 3: the big models ask for no instance kind (KIND_AUTO), not KIND_GPU
 # The same for the optional (PyTorch, OpenVINO) models only; part of their repositories' key.
-OPTIONAL_GENERATOR_VERSION = 4  # 4: resnet_small_pytorch asks for no instance kind
+OPTIONAL_GENERATOR_VERSION = 5  # 5: the language and embedding models (the llm extra)
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,31 @@ _OPTIONAL: tuple[OptionalExampleModel, ...] = (
         "openvino",
         openvino_models.write_resnet,
     ),
+    # Triton vLLM model folders on our engine: a chat model and an embedding model (the OpenAI
+    # routes serve both), with random weights and a tokenizer trained here.
+    OptionalExampleModel(
+        "llm_tiny",
+        'name: "llm_tiny"\nbackend: "vllm"\n',
+        "transformers",
+        "llm",
+        lambda version: _language_models().write_llm_version(version),
+    ),
+    OptionalExampleModel(
+        "embedder",
+        'name: "embedder"\nbackend: "vllm"\n',
+        "transformers",
+        "llm",
+        lambda version: _language_models().write_embedder_version(version),
+    ),
 )
+
+
+def _language_models() -> Any:
+    """oceanus.examples.language_models, imported only when one of its models is written (it
+    imports torch and transformers)."""
+    from oceanus.examples import language_models
+
+    return language_models
 OPTIONAL: dict[str, OptionalExampleModel] = {m.name: m for m in _OPTIONAL}
 # Models for the PyTorch and OpenVINO backends: never in EXAMPLE_MODELS (which stays ONNX only);
 # the default repository (example_repository() with no names) adds those whose framework imports.
