@@ -139,6 +139,8 @@ def _language_models() -> Any:
     from oceanus.examples import language_models
 
     return language_models
+
+
 OPTIONAL: dict[str, OptionalExampleModel] = {m.name: m for m in _OPTIONAL}
 # Models for the PyTorch and OpenVINO backends: never in EXAMPLE_MODELS (which stays ONNX only);
 # the default repository (example_repository() with no names) adds those whose framework imports.
