@@ -15,6 +15,7 @@ from pathlib import Path
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from oceanus.backends.python.exec_env import resolve as resolve_env
 from oceanus.backends.python.instance import PythonInstance
 from oceanus.backends.python.stub_launcher import run_autocomplete
 from oceanus.core.backend import Backend, LoadContext, RequestInstance
@@ -35,7 +36,9 @@ class PythonBackend(Backend):
             raise invalid_arg(f"failed to read {model_path}: {exc.strerror}") from None
         if "auto_complete_config" not in source:
             return  # no need to start a process to learn that
-        completed = run_autocomplete(model_path, json.dumps(message_to_dict(config)))
+        # auto_complete_config runs in the model's own environment too, as in Triton.
+        python_env = resolve_env(config, model_path.parent.parent)
+        completed = run_autocomplete(model_path, json.dumps(message_to_dict(config)), python_env)
         try:
             parsed = json_format.ParseDict(json.loads(completed), mc.ModelConfig())
         except (json_format.ParseError, ValueError) as exc:

@@ -38,6 +38,7 @@ from oceanus.backends.python.batches import (
     request_head,
 )
 from oceanus.backends.python.dispatch import Dispatcher
+from oceanus.backends.python.exec_env import resolve as resolve_env
 from oceanus.backends.python.server_calls import ServerCalls
 from oceanus.backends.python.stub_launcher import IS_READY_CACHE_S, Stub, exit_text, spawn
 from oceanus.core.backend import LoadContext, RequestInstance, RequestJob, RequestsResult
@@ -107,6 +108,9 @@ class PythonInstance(RequestInstance):
                 f"model '{config.name}': parameter '{EXECUTE_TIMEOUT_PARAMETER}' must be a "
                 f"number of seconds, got '{timeout}'"
             ) from None
+        # The model's own environment (EXECUTION_ENV_PATH), unpacked and checked once: a restarted
+        # stub reuses it.
+        self._python_env = resolve_env(config, version_dir.parent)
         self._capacity = tp.DEFAULT_RING_BYTES
         self._metrics = server.custom_metrics if server is not None else _FALLBACK_METRICS
         self._lock = threading.Lock()
@@ -134,7 +138,15 @@ class PythonInstance(RequestInstance):
             return msg.Init(model, self._args, self.decoupled, s2w, w2s, capacity, spill_prefix)
 
         try:
-            stub = spawn(self.name, generation, init, self._capacity, metrics, self._dispatch)
+            stub = spawn(
+                self.name,
+                generation,
+                init,
+                self._capacity,
+                metrics,
+                self._dispatch,
+                self._python_env,
+            )
         except BaseException:
             metrics.close()
             raise
