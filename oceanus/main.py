@@ -81,7 +81,7 @@ def core_options(
     return CoreOptions(
         repositories=repositories.folders,
         refresh_repositories=repositories.refresh if repositories.mirrors else None,
-        backends=builtin.registry(),
+        backends=builtin.registry(backend_config=settings.backend_config),
         autocomplete=settings.autocomplete,
         strict_readiness=settings.strict_readiness,
         load_threads=settings.model_load_thread_count or 1,

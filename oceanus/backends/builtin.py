@@ -3,6 +3,9 @@ it, so unused frameworks cost nothing at start-up."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
+
 from oceanus.core.backend import Backend
 from oceanus.core.backend_registry import BackendRegistry, BackendSpec
 
@@ -32,14 +35,16 @@ def _openvino() -> Backend:
     return OpenVinoBackend()
 
 
-def _python() -> Backend:
+def _python(backend_config: tuple[str, ...]) -> Backend:
+    from oceanus.backends.python import options
     from oceanus.backends.python.backend import PythonBackend
 
-    return PythonBackend()
+    return PythonBackend(options.parse(options.backend_settings(backend_config, "python")))
 
 
-def specs() -> list[BackendSpec]:
-    """In the order Triton's auto-complete tries model file names."""
+def specs(backend_config: Sequence[str] = ()) -> list[BackendSpec]:
+    """In the order Triton's auto-complete tries model file names; `backend_config` holds the
+    --backend-config flags (`backend,key=value`)."""
     return [
         BackendSpec(
             "onnxruntime",
@@ -78,13 +83,17 @@ def specs() -> list[BackendSpec]:
             label="OpenVINO",
             install="pip install oceanus[openvino]",
         ),
-        BackendSpec("python", _python, model_files={"model.py": ""}),
+        BackendSpec(
+            "python",
+            functools.partial(_python, tuple(backend_config)),
+            model_files={"model.py": ""},
+        ),
     ]
 
 
-def registry(entry_points: bool = True) -> BackendRegistry:
+def registry(entry_points: bool = True, backend_config: Sequence[str] = ()) -> BackendRegistry:
     """The built-in backends, then those installed packages add (which may replace them)."""
-    found = BackendRegistry(specs())
+    found = BackendRegistry(specs(backend_config))
     if entry_points:
         found.register_entry_points()
     return found

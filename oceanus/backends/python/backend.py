@@ -17,6 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.backends.python.exec_env import resolve as resolve_env
 from oceanus.backends.python.instance import PythonInstance
+from oceanus.backends.python.options import PythonOptions
 from oceanus.backends.python.stub_launcher import run_autocomplete
 from oceanus.core.backend import Backend, LoadContext, RequestInstance
 from oceanus.core.errors import invalid_arg
@@ -26,6 +27,9 @@ from oceanus.proto_json import message_to_dict
 class PythonBackend(Backend):
     name = "python"
     default_model_filename = "model.py"
+
+    def __init__(self, options: PythonOptions | None = None) -> None:
+        self.options = options or PythonOptions()
 
     def complete_config(self, config: mc.ModelConfig, model_path: Path, autocomplete: bool) -> None:
         if not autocomplete:
@@ -48,4 +52,4 @@ class PythonBackend(Backend):
         config.CopyFrom(parsed)
 
     def load(self, context: LoadContext) -> RequestInstance:
-        return PythonInstance(context)
+        return PythonInstance(context, self.options)

@@ -39,6 +39,7 @@ from oceanus.backends.python.batches import (
 )
 from oceanus.backends.python.dispatch import Dispatcher
 from oceanus.backends.python.exec_env import resolve as resolve_env
+from oceanus.backends.python.options import PythonOptions
 from oceanus.backends.python.server_calls import ServerCalls
 from oceanus.backends.python.stub_launcher import IS_READY_CACHE_S, Stub, exit_text, spawn
 from oceanus.core.backend import LoadContext, RequestInstance, RequestJob, RequestsResult
@@ -52,7 +53,6 @@ log = logging.getLogger("oceanus.backends.python")
 EXECUTE_TIMEOUT_PARAMETER = "execute_timeout_seconds"
 # How long a batch waits for a restarting stub before it fails.
 RESTART_WAIT_S = 120.0
-FINALIZE_WAIT_S = 30.0
 # Nobody waits on a stub's socket between batches: a standby thread reads it (log lines, BLS
 # calls from the model's own threads) once it has gone unread this long.
 STANDBY_AFTER_S = 0.02
@@ -75,7 +75,7 @@ def _parameter(config: mc.ModelConfig, key: str) -> str | None:
 class PythonInstance(RequestInstance):
     """A model instance whose model.py runs in a stub process."""
 
-    def __init__(self, context: LoadContext) -> None:
+    def __init__(self, context: LoadContext, options: PythonOptions | None = None) -> None:
         config, model_path, spec = context.config, context.files.model_path, context.spec
         server = context.server  # where BLS requests and pb_utils' model calls go
         self.name = spec.name
@@ -111,7 +111,8 @@ class PythonInstance(RequestInstance):
         # The model's own environment (EXECUTION_ENV_PATH), unpacked and checked once: a restarted
         # stub reuses it.
         self._python_env = resolve_env(config, version_dir.parent)
-        self._capacity = tp.DEFAULT_RING_BYTES
+        self._options = options or PythonOptions()
+        self._capacity = self._options.ring_bytes  # --backend-config=python,shm-default-byte-size
         self._metrics = server.custom_metrics if server is not None else _FALLBACK_METRICS
         self._lock = threading.Lock()
         self._ready = threading.Event()
@@ -301,7 +302,7 @@ class PythonInstance(RequestInstance):
         mailbox = stub.mailbox
         try:
             stub.channel.send(msg.Finalize())
-            mailbox.wait(lambda: stub.finalized or mailbox.closed, FINALIZE_WAIT_S)
+            mailbox.wait(lambda: stub.finalized or mailbox.closed, self._options.stub_timeout_s)
         except OSError:
             pass
         try:
