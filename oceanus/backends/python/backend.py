@@ -15,6 +15,7 @@ from pathlib import Path
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from oceanus.backends.python import in_process
 from oceanus.backends.python.exec_env import resolve as resolve_env
 from oceanus.backends.python.instance import PythonInstance
 from oceanus.backends.python.options import PythonOptions
@@ -52,4 +53,6 @@ class PythonBackend(Backend):
         config.CopyFrom(parsed)
 
     def load(self, context: LoadContext) -> RequestInstance:
+        if in_process.wanted(context.config):
+            return in_process.InProcessInstance(context)
         return PythonInstance(context, self.options)
