@@ -73,6 +73,7 @@ class InProcessRuntime(runtime.Runtime):
 
     def __init__(self) -> None:
         self.current = _Current()
+        self.owners: dict[tuple[str, int], MetricOwner] = {}  # what each id belongs to
 
     def _instance(self) -> InProcessInstance:
         instance = self.current.instance
@@ -86,6 +87,27 @@ class InProcessRuntime(runtime.Runtime):
     def _metric_owner(self) -> Any:
         instance = self.current.instance
         return instance.metrics if instance is not None else super()._metric_owner()
+
+    def metric_call(self, operation: str, *args: Any) -> Any:
+        result = super().metric_call(operation, *args)
+        if operation in ("family_new", "metric_new"):
+            # Deletions come from __del__ on whichever thread collects the object: they must
+            # reach the owner that created it.
+            self.owners[(operation[:-4], args[0])] = self._metric_owner()
+        return result
+
+    def metric_update(self, metric_id: int, operation: str, value: float) -> None:
+        owner = self.owners.get(("metric", metric_id))
+        (owner or self._metric_owner()).update(metric_id, operation, value)
+
+    def metric_delete(self, what: str, number: int) -> None:
+        owner = self.owners.pop((what, number), None)
+        if owner is None:
+            return
+        if what == "family":
+            owner.delete_family(number)
+        else:
+            owner.delete_metric(number)
 
     def bls(self, request: pb.InferenceRequest, decoupled: bool) -> Any:
         instance = self._instance()

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.backends.python.conftest import copy_models
+from tests.backends.python.test_python_api import metrics_request, output, scrape
 from tests.backends.python.test_python_models import post, x_request
 
 IN_PROCESS = '\nparameters { key: "oceanus_in_process" value { string_value: "true" } }\n'
@@ -38,13 +39,14 @@ output [ { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] } ]
 @pytest.fixture(scope="module")
 def in_process_server(launch_module: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     repository = copy_models(
-        tmp_path_factory.mktemp("in-process"), ["add_sub", "bls", "fail_some", "repeat"]
+        tmp_path_factory.mktemp("in-process"),
+        ["add_sub", "bls", "custom_metrics", "fail_some", "repeat"],
     )
     for name in ("whoami", "whoami_stub"):
         (repository / name / "1").mkdir(parents=True)
         (repository / name / "1" / "model.py").write_text(WHOAMI)
         (repository / name / "config.pbtxt").write_text(WHOAMI_CONFIG)
-    for name in ("add_sub", "bls", "fail_some", "repeat", "whoami"):
+    for name in ("add_sub", "bls", "custom_metrics", "fail_some", "repeat", "whoami"):
         with open(repository / name / "config.pbtxt", "a") as config:
             config.write(IN_PROCESS)
     return launch_module([repository], ["--exit-on-error=false"])
@@ -119,3 +121,16 @@ def test_decoupled_models_are_refused(in_process_server: Any) -> None:
         "model 'repeat': parameter 'oceanus_in_process' does not support decoupled models"
     )
     assert index["add_sub"]["state"] == "READY"
+
+
+def test_custom_metrics(in_process_server: Any) -> None:
+    assert output(metrics_request(in_process_server, 2.0), "VALUES") == [2.0, 2.0]
+    body = metrics_request(in_process_server, 3.0)
+    assert output(body, "VALUES") == [5.0, 3.0]
+    assert body["parameters"] == {"counter": 5, "seen": True, "unit": "requests"}
+    text = scrape(in_process_server)
+    assert 'oceanus_test_requests{model="custom_metrics",version="1"} 5\n' in text
+    assert 'oceanus_test_last{kind="last",model="custom_metrics",version="1"} 3\n' in text
+    # The gauge family garbage-collected in the model leaves the endpoint.
+    assert output(metrics_request(in_process_server, 0.0, "drop_gauge"), "VALUES") == [5.0, -1.0]
+    assert "oceanus_test_last" not in scrape(in_process_server)
