@@ -1,7 +1,7 @@
 """--backend-config=python,...: Triton's shared-memory sizes and stub timeout on our rings.
 
 The one-off files a message takes when it does not fit a ring are unlinked as soon as they are
-mapped; inotify counts them (shm_watch.py)."""
+mapped; inotify counts them (oceanus/ipc/shm_watch.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 from oceanus.backends.python import options
 from oceanus.core.errors import InferenceServerError
 from oceanus.ipc.rings import DEFAULT_RING_BYTES, shm_dir
-from tests.backends.python.shm_watch import ShmWatch
+from oceanus.ipc.shm_watch import ShmWatch
 
 MODEL_PY = """import triton_python_backend_utils as pb_utils
 

@@ -1,5 +1,6 @@
-"""Files created in /dev/shm, counted with inotify (Linux): the one-off files of the Python
-backend are unlinked as soon as they are mapped, so listing the folder cannot see them."""
+"""Files created in a folder (/dev/shm), seen with inotify (Linux): the one-off files a message
+takes when it does not fit a ring are unlinked as soon as they are mapped, so listing the folder
+cannot count them. For tests and benchmarks (bench/python_backend.py), not the serving path."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ _EVENT = struct.Struct("iIII")
 
 
 class ShmWatch:
+    """Names created in `folder` from now on (`created()` drains them)."""
+
     def __init__(self, folder: str = "/dev/shm") -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         self._fd = libc.inotify_init1(IN_NONBLOCK)
