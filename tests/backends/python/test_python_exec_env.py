@@ -76,8 +76,15 @@ def env_server(launch_module: Any, tmp_path_factory: pytest.TempPathFactory) -> 
     env = make_venv(root / "env", system_site_packages=True)
     repository = copy_models(root / "models", ["add_sub"])
     packed = add_model(repository, "packed", "$$TRITON_MODEL_DIRECTORY/env.tar.gz")
+    # conda-pack's fixer, run once after unpacking: here it leaves a mark in the unpacked copy.
+    unpack = root / "conda-unpack"
+    unpack.write_text(
+        "import pathlib, sys\n"
+        "pathlib.Path(sys.argv[0]).resolve().parent.parent.joinpath('unpack-ran').touch()\n"
+    )
     with tarfile.open(packed / "env.tar.gz", "w:gz") as archive:
         archive.add(env, arcname=".")
+        archive.add(unpack, arcname="./bin/conda-unpack")
     add_model(repository, "folder", str(env))
     add_model(repository, "missing", "$$TRITON_MODEL_DIRECTORY/missing.tar.gz")
     broken = add_model(repository, "broken", "$$TRITON_MODEL_DIRECTORY/env.tar.gz")
@@ -116,6 +123,7 @@ def test_packed_environment_runs_the_model(env_server: Any) -> None:
     unpacked = [p for p in env_server.cache.iterdir() if not p.name.startswith(".")]
     assert [p.name.startswith("env-") for p in unpacked] == [True]
     assert Path(prefix).resolve() == unpacked[0].resolve()  # the stub ran on its interpreter
+    assert (unpacked[0] / "unpack-ran").exists()
 
 
 def test_folder_environment_runs_the_model(env_server: Any) -> None:
