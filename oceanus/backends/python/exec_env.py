@@ -79,9 +79,15 @@ def resolve(config: mc.ModelConfig, model_dir: Path) -> PythonEnv | None:
     if path is None:
         return None
     with _lock:
-        prefix = _prefix(config.name, path)
+        try:
+            prefix = _prefix(config.name, path)
+            stub_root = _stub_root()
+        except OSError as exc:  # an unwritable cache, a full disk
+            raise _error(
+                config.name, path, f"cannot be prepared in the cache {cache_root()}: {exc}"
+            ) from None
         python = _interpreter(config.name, path, prefix)
-        env = PythonEnv(python, str(prefix), _stub_root(), _activation(prefix))
+        env = PythonEnv(python, str(prefix), stub_root, _activation(prefix))
         _probe(config.name, path, env)
     return env
 
