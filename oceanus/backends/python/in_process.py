@@ -26,6 +26,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.backends.python import utils as pb
 from oceanus.backends.python.batches import request_head
+from oceanus.backends.python.instance import initialize_args
 from oceanus.backends.python.model_code import (
     AsyncRunner,
     check_returned,
@@ -48,7 +49,6 @@ from oceanus.core.errors import ErrorCode, InferenceServerError, internal, inval
 from oceanus.core.observability.custom_metrics import CustomMetricRegistry, MetricOwner
 from oceanus.core.repository.model_config import sequence_control_types
 from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
-from oceanus.proto_json import message_to_dict
 
 PARAMETER = "oceanus_in_process"
 _module_ids = itertools.count(1)
@@ -176,16 +176,7 @@ class InProcessInstance(RequestInstance):
         self._runner = AsyncRunner()
         self._keys = itertools.count(1)
         model_path = str(context.files.model_path)
-        version_dir = context.files.model_path.parent
-        args = {
-            "model_config": json.dumps(message_to_dict(config)),
-            "model_instance_kind": spec.kind,
-            "model_instance_name": spec.name,
-            "model_instance_device_id": str(spec.device_id),
-            "model_repository": str(version_dir.parent),
-            "model_version": version_dir.name,
-            "model_name": config.name,
-        }
+        args = initialize_args(context)
         try:
             with self._running():
                 self._model = model_class(_load_module(model_path, config.name), model_path)()
@@ -197,6 +188,7 @@ class InProcessInstance(RequestInstance):
                 if initialize is not None:
                     self._call(initialize, args)
         except BaseException as exc:
+            self._runner.stop()
             self.metrics.close()
             raise internal(format_exception(exc)) from None
 
@@ -351,6 +343,7 @@ class InProcessInstance(RequestInstance):
                     self._call(finalize)
             except BaseException as exc:
                 pb.Logger.log_error(f"finalize failed: {format_exception(exc)}")
+        self._runner.stop()
         self.metrics.close()
 
 

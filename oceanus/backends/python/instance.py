@@ -72,6 +72,20 @@ def _parameter(config: mc.ModelConfig, key: str) -> str | None:
     return None
 
 
+def initialize_args(context: LoadContext) -> dict[str, str]:
+    """What `initialize(args)` gets, as Triton's stub gives it."""
+    config, spec, version_dir = context.config, context.spec, context.files.model_path.parent
+    return {
+        "model_config": json.dumps(message_to_dict(config)),
+        "model_instance_kind": spec.kind,
+        "model_instance_name": spec.name,
+        "model_instance_device_id": str(spec.device_id),
+        "model_repository": str(version_dir.parent),
+        "model_version": version_dir.name,
+        "model_name": config.name,
+    }
+
+
 class PythonInstance(RequestInstance):
     """A model instance whose model.py runs in a stub process."""
 
@@ -91,15 +105,7 @@ class PythonInstance(RequestInstance):
         self._all_outputs = [t.name for t in config.output]
         self._state_outputs = [s.output_name for s in config.sequence_batching.state]
         version_dir = model_path.parent
-        self._args = {
-            "model_config": json.dumps(message_to_dict(config)),
-            "model_instance_kind": spec.kind,
-            "model_instance_name": spec.name,
-            "model_instance_device_id": str(spec.device_id),
-            "model_repository": str(version_dir.parent),
-            "model_version": version_dir.name,
-            "model_name": config.name,
-        }
+        self._args = initialize_args(context)
         timeout = _parameter(config, EXECUTE_TIMEOUT_PARAMETER)
         try:
             self._execute_timeout = float(timeout) if timeout else 0.0
