@@ -9,7 +9,13 @@ under perf_analyzer (HTTP, binary tensors); medians are printed and written to
 bench/results/python-backend-<timestamp>.json with the exact commands.
 
     python bench/python_backend.py [--repeat 3] [--concurrency 16] [--window-ms 2000]
-                                   [--baseline OTHER_CHECKOUT]
+                                   [--baseline OTHER_CHECKOUT] [--models NAME,...]
+
+Issue 28 adds `identity_dyna_inproc` / `identity_one_inproc` (the same models with Oceanus's
+`oceanus_in_process` parameter; Triton ignores parameters it does not know and serves them with
+its stub, so their ratio is in-process Oceanus against stub Triton) and `identity_4mib` (one
+4 MiB FP32 tensor per request; the one-off shared-memory files Oceanus creates while serving it
+are counted with inotify and printed).
 
 The reference Triton comes from ../shared/triton-reference/start.sh (the nvidia-pytriton wheel;
 its first use creates a venv, a few minutes). Without it only Oceanus is measured.
@@ -31,6 +37,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 import benchlib
 import perf
+
+from oceanus.ipc.rings import shm_dir
+from oceanus.ipc.shm_watch import ShmWatch
 
 # The reference Triton's launcher beside the checkout (../shared/triton-reference/start.sh).
 START_REFERENCE = Path(
@@ -59,17 +68,25 @@ input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {dims} ] }} ]
 output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {dims} ] }} ]
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 {batching}
-"""
+{parameters}"""
+IN_PROCESS = 'parameters { key: "oceanus_in_process" value { string_value: "true" } }\n'
+
+DYNA = {"max_batch": 16, "dims": "16", "batching": "dynamic_batching { }"}
+ONE = {"max_batch": 0, "dims": "1, 16", "batching": ""}
 MODELS = {
-    "identity_dyna": {"max_batch": 16, "dims": "16", "batching": "dynamic_batching { }"},
-    "identity_one": {"max_batch": 0, "dims": "1, 16", "batching": ""},
+    "identity_dyna": {**DYNA, "parameters": ""},
+    "identity_one": {**ONE, "parameters": ""},
+    "identity_dyna_inproc": {**DYNA, "parameters": IN_PROCESS},
+    "identity_one_inproc": {**ONE, "parameters": IN_PROCESS},
+    "identity_4mib": {"max_batch": 0, "dims": "1, 1048576", "batching": "", "parameters": ""},
 }
 SERVERS = ("oceanus", "triton")
 BASELINE = "baseline"  # --baseline: the Oceanus of another checkout
 
 
-def write_repository(root: Path) -> Path:
-    for name, fields in MODELS.items():
+def write_repository(root: Path, models: list[str]) -> Path:
+    for name in models:
+        fields = MODELS[name]
         folder = root / name
         (folder / "1").mkdir(parents=True)
         (folder / "1" / "model.py").write_text(MODEL_PY)
@@ -135,7 +152,14 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--window-ms", type=int, default=2000)
     parser.add_argument("--baseline", type=Path, help="another checkout to serve beside this one")
+    parser.add_argument(
+        "--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}"
+    )
     args = parser.parse_args()
+    models = [m for m in args.models.split(",") if m]
+    unknown = sorted(set(models) - set(MODELS))
+    if unknown:
+        parser.error(f"unknown models: {', '.join(unknown)}")
     found = perf.find_perf_analyzer()
     if found is None:
         print(f"perf_analyzer not found: run {perf.INSTALL_HINT}")
@@ -144,16 +168,18 @@ def main() -> int:
     servers = SERVERS if START_REFERENCE.exists() else ("oceanus",)
     if args.baseline is not None:
         servers = (servers[0], BASELINE, *servers[1:])
-    runs: dict[str, dict[str, list[dict[str, Any]]]] = {s: {m: [] for m in MODELS} for s in servers}
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {s: {m: [] for m in models} for s in servers}
+    one_off: dict[str, dict[str, int]] = {s: {m: 0 for m in models} for s in servers}
     load_before = benchlib.loadavg()
     with tempfile.TemporaryDirectory(prefix="oceanus-pybench-") as tmp:
-        repository = write_repository(Path(tmp))
+        repository = write_repository(Path(tmp), models)
         for round_index in range(args.repeat):
             order = servers if round_index % 2 == 0 else tuple(reversed(servers))
             for server in order:
                 process, port, pid = start(server, repository, args.baseline)
                 try:
-                    for model in MODELS:
+                    for model in models:
+                        watch = ShmWatch(shm_dir()) if server != "triton" else None
                         result = perf.run_level(
                             binary,
                             env,
@@ -162,6 +188,12 @@ def main() -> int:
                             args.concurrency,
                             window_ms=args.window_ms,
                         )
+                        if watch is not None:
+                            prefix = f"oceanus-py-{pid}-"
+                            files = sum(n.startswith(prefix) for n in watch.created())
+                            watch.close()
+                            one_off[server][model] += files
+                            result["one_off_files"] = files
                         runs[server][model].append(result)
                         print(
                             f"round {round_index + 1} {server:8s} {model:14s} "
@@ -182,7 +214,7 @@ def main() -> int:
     }
     others = [server for server in servers if server != "oceanus"]
     rows = []
-    for model in MODELS:
+    for model in models:
         ours = medians["oceanus"][model]
         row = [model, f"{ours['infer_per_s']:.0f}", f"{ours['p50_ms']:.2f}"]
         for server in others:
@@ -197,7 +229,10 @@ def main() -> int:
     print()
     print(benchlib.table(headers, rows))
     print(f"concurrency {args.concurrency}, medians of {args.repeat}; load before {load_before}")
-    benchlib.write_side_by_side("python-backend", args, load_before, medians=medians, runs=runs)
+    print(f"one-off shared-memory files Oceanus created, all rounds: {one_off['oceanus']}")
+    benchlib.write_side_by_side(
+        "python-backend", args, load_before, medians=medians, runs=runs, one_off_files=one_off
+    )
     return 0
 
 

@@ -4,6 +4,7 @@ it, so unused frameworks cost nothing at start-up."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 from oceanus.core.backend import Backend
 from oceanus.core.backend_registry import BackendRegistry, BackendSpec
@@ -40,25 +41,16 @@ def _llm() -> Backend:
     return LlmBackend()
 
 
-def _python(options: dict[str, str]) -> Backend:
+def _python(backend_config: tuple[str, ...]) -> Backend:
+    from oceanus.backends.python import options
     from oceanus.backends.python.backend import PythonBackend
 
-    return PythonBackend(options)
+    return PythonBackend(options.parse(options.backend_settings(backend_config, "python")))
 
 
-def backend_options(backend_config: list[str], backend: str) -> dict[str, str]:
-    """`--backend-config=<backend>,<key>=<value>` entries for one backend, as a dict."""
-    options = {}
-    for entry in backend_config:
-        name, _, setting = entry.partition(",")
-        key, sep, value = setting.partition("=")
-        if name == backend and sep:
-            options[key] = value
-    return options
-
-
-def specs(backend_config: list[str] | None = None) -> list[BackendSpec]:
-    """In the order Triton's auto-complete tries model file names."""
+def specs(backend_config: Sequence[str] = ()) -> list[BackendSpec]:
+    """In the order Triton's auto-complete tries model file names; `backend_config` holds the
+    --backend-config flags (`backend,key=value`)."""
     return [
         BackendSpec(
             "onnxruntime",
@@ -99,7 +91,7 @@ def specs(backend_config: list[str] | None = None) -> list[BackendSpec]:
         ),
         BackendSpec(
             "python",
-            functools.partial(_python, backend_options(backend_config or [], "python")),
+            functools.partial(_python, tuple(backend_config)),
             model_files={"model.py": ""},
         ),
         # Triton's vLLM model folders, and the same engine under our own name.
@@ -116,7 +108,7 @@ def specs(backend_config: list[str] | None = None) -> list[BackendSpec]:
     ]
 
 
-def registry(entry_points: bool = True, backend_config: list[str] | None = None) -> BackendRegistry:
+def registry(entry_points: bool = True, backend_config: Sequence[str] = ()) -> BackendRegistry:
     """The built-in backends, then those installed packages add (which may replace them)."""
     found = BackendRegistry(specs(backend_config))
     if entry_points:

@@ -5,6 +5,9 @@ Server side:
 - `instance.py`     PythonInstance: drives one stub (start, watchdog, restart, health,
                     is_ready, execute_requests, execute timeout, close)
 - `stub_launcher.py` starting a stub process (rings, socketpair, Init until Ready)
+- `exec_env.py`     a model's own environment (EXECUTION_ENV_PATH): unpack once, probe
+- `options.py`      --backend-config=python,... (ring sizes, stub timeout)
+- `in_process.py`   the opt-in mode without a stub (`oceanus_in_process`), pb_utils' runtime
 - `batches.py`      what is in flight: a batch's Exec, where Result / Response go
 - `dispatch.py`     which part of the backend each message from a stub goes to
 - `server_calls.py` BLS requests and pb_utils calls, through the core's ServerHandle

@@ -15,37 +15,21 @@ from pathlib import Path
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.backends.python import transport as tp
+from oceanus.backends.python import in_process
+from oceanus.backends.python.exec_env import resolve as resolve_env
 from oceanus.backends.python.instance import PythonInstance
+from oceanus.backends.python.options import PythonOptions
 from oceanus.backends.python.stub_launcher import run_autocomplete
 from oceanus.core.backend import Backend, LoadContext, RequestInstance
 from oceanus.core.errors import invalid_arg
 from oceanus.proto_json import message_to_dict
 
-# The smallest ring `shm-default-byte-size` may ask for: below it almost every message would
-# take the one-off path.
-MIN_RING_BYTES = 64 << 10
-
-
 class PythonBackend(Backend):
     name = "python"
     default_model_filename = "model.py"
 
-    def __init__(self, options: dict[str, str] | None = None) -> None:
-        # `--backend-config=python,shm-default-byte-size=N`: each of an instance's two rings
-        # (Triton's option name; its meaning here: the fixed size of one ring).
-        self.ring_bytes = tp.DEFAULT_RING_BYTES
-        value = (options or {}).get("shm-default-byte-size")
-        if value is not None:
-            try:
-                self.ring_bytes = int(value)
-            except ValueError:
-                self.ring_bytes = -1
-            if self.ring_bytes < MIN_RING_BYTES:
-                raise invalid_arg(
-                    f"--backend-config=python,shm-default-byte-size={value}: expected a number "
-                    f"of bytes, at least {MIN_RING_BYTES}"
-                )
+    def __init__(self, options: PythonOptions | None = None) -> None:
+        self.options = options or PythonOptions()
 
     def complete_config(self, config: mc.ModelConfig, model_path: Path, autocomplete: bool) -> None:
         if not autocomplete:
@@ -56,7 +40,9 @@ class PythonBackend(Backend):
             raise invalid_arg(f"failed to read {model_path}: {exc.strerror}") from None
         if "auto_complete_config" not in source:
             return  # no need to start a process to learn that
-        completed = run_autocomplete(model_path, json.dumps(message_to_dict(config)))
+        # auto_complete_config runs in the model's own environment too, as in Triton.
+        python_env = resolve_env(config, model_path.parent.parent)
+        completed = run_autocomplete(model_path, json.dumps(message_to_dict(config)), python_env)
         try:
             parsed = json_format.ParseDict(json.loads(completed), mc.ModelConfig())
         except (json_format.ParseError, ValueError) as exc:
@@ -66,4 +52,6 @@ class PythonBackend(Backend):
         config.CopyFrom(parsed)
 
     def load(self, context: LoadContext) -> RequestInstance:
-        return PythonInstance(context, self.ring_bytes)
+        if in_process.wanted(context.config):
+            return in_process.InProcessInstance(context)
+        return PythonInstance(context, self.options)

@@ -38,6 +38,8 @@ from oceanus.backends.python.batches import (
     request_head,
 )
 from oceanus.backends.python.dispatch import Dispatcher
+from oceanus.backends.python.exec_env import resolve as resolve_env
+from oceanus.backends.python.options import PythonOptions
 from oceanus.backends.python.server_calls import ServerCalls
 from oceanus.backends.python.stub_launcher import IS_READY_CACHE_S, Stub, exit_text, spawn
 from oceanus.core.backend import LoadContext, RequestInstance, RequestJob, RequestsResult
@@ -51,7 +53,6 @@ log = logging.getLogger("oceanus.backends.python")
 EXECUTE_TIMEOUT_PARAMETER = "execute_timeout_seconds"
 # How long a batch waits for a restarting stub before it fails.
 RESTART_WAIT_S = 120.0
-FINALIZE_WAIT_S = 30.0
 # Nobody waits on a stub's socket between batches: a standby thread reads it (log lines, BLS
 # calls from the model's own threads) once it has gone unread this long.
 STANDBY_AFTER_S = 0.02
@@ -71,10 +72,24 @@ def _parameter(config: mc.ModelConfig, key: str) -> str | None:
     return None
 
 
+def initialize_args(context: LoadContext) -> dict[str, str]:
+    """What `initialize(args)` gets, as Triton's stub gives it."""
+    config, spec, version_dir = context.config, context.spec, context.files.model_path.parent
+    return {
+        "model_config": json.dumps(message_to_dict(config)),
+        "model_instance_kind": spec.kind,
+        "model_instance_name": spec.name,
+        "model_instance_device_id": str(spec.device_id),
+        "model_repository": str(version_dir.parent),
+        "model_version": version_dir.name,
+        "model_name": config.name,
+    }
+
+
 class PythonInstance(RequestInstance):
     """A model instance whose model.py runs in a stub process."""
 
-    def __init__(self, context: LoadContext, ring_bytes: int = tp.DEFAULT_RING_BYTES) -> None:
+    def __init__(self, context: LoadContext, options: PythonOptions | None = None) -> None:
         config, model_path, spec = context.config, context.files.model_path, context.spec
         server = context.server  # where BLS requests and pb_utils' model calls go
         self.name = spec.name
@@ -90,15 +105,7 @@ class PythonInstance(RequestInstance):
         self._all_outputs = [t.name for t in config.output]
         self._state_outputs = [s.output_name for s in config.sequence_batching.state]
         version_dir = model_path.parent
-        self._args = {
-            "model_config": json.dumps(message_to_dict(config)),
-            "model_instance_kind": spec.kind,
-            "model_instance_name": spec.name,
-            "model_instance_device_id": str(spec.device_id),
-            "model_repository": str(version_dir.parent),
-            "model_version": version_dir.name,
-            "model_name": config.name,
-        }
+        self._args = initialize_args(context)
         timeout = _parameter(config, EXECUTE_TIMEOUT_PARAMETER)
         try:
             self._execute_timeout = float(timeout) if timeout else 0.0
@@ -107,7 +114,11 @@ class PythonInstance(RequestInstance):
                 f"model '{config.name}': parameter '{EXECUTE_TIMEOUT_PARAMETER}' must be a "
                 f"number of seconds, got '{timeout}'"
             ) from None
-        self._capacity = ring_bytes
+        # The model's own environment (EXECUTION_ENV_PATH), unpacked and checked once: a restarted
+        # stub reuses it.
+        self._python_env = resolve_env(config, version_dir.parent)
+        self._options = options or PythonOptions()
+        self._capacity = self._options.ring_bytes  # --backend-config=python,shm-default-byte-size
         self._metrics = server.custom_metrics if server is not None else _FALLBACK_METRICS
         self._lock = threading.Lock()
         self._ready = threading.Event()
@@ -134,7 +145,15 @@ class PythonInstance(RequestInstance):
             return msg.Init(model, self._args, self.decoupled, s2w, w2s, capacity, spill_prefix)
 
         try:
-            stub = spawn(self.name, generation, init, self._capacity, metrics, self._dispatch)
+            stub = spawn(
+                self.name,
+                generation,
+                init,
+                self._capacity,
+                metrics,
+                self._dispatch,
+                self._python_env,
+            )
         except BaseException:
             metrics.close()
             raise
@@ -288,7 +307,7 @@ class PythonInstance(RequestInstance):
         mailbox = stub.mailbox
         try:
             stub.channel.send(msg.Finalize())
-            mailbox.wait(lambda: stub.finalized or mailbox.closed, FINALIZE_WAIT_S)
+            mailbox.wait(lambda: stub.finalized or mailbox.closed, self._options.stub_timeout_s)
         except OSError:
             pass
         try:

@@ -96,6 +96,13 @@ class AsyncRunner:
                 self._loop = loop
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
+    def stop(self) -> None:
+        """End the loop's thread (an in-process model's unload; a stub just exits)."""
+        with self._lock:
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._loop = None
+
 
 def check_returned(
     returned: Any, requests: list[InferenceRequest], instance_name: str, decoupled: bool

@@ -18,13 +18,16 @@ import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from oceanus.backends.python import messages as msg
 from oceanus.backends.python import transport as tp
 from oceanus.core.errors import InferenceServerError, internal, unavailable
 from oceanus.core.observability.custom_metrics import MetricOwner
 from oceanus.ipc import budget
+
+if TYPE_CHECKING:
+    from oceanus.backends.python.exec_env import PythonEnv
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
 # A model's is_ready(): an answer younger than this is reused (instance.py asks).
@@ -81,11 +84,13 @@ def spawn(
     capacity: int,
     metrics: MetricOwner,
     on_message: Callable[[Stub, msg.Message], None],
+    python_env: PythonEnv | None = None,
 ) -> Stub:
     """Start a stub and wait for its initialize(); raises with the model's error.
 
     `init(s2w, w2s, capacity, spill prefix)` makes the Init message; `on_message` serves what
-    the model sends before it is ready (log lines, metrics, model control)."""
+    the model sends before it is ready (log lines, metrics, model control); `python_env` is the
+    model's own environment (EXECUTION_ENV_PATH), None for the server's interpreter."""
     tag = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
     prefix = f"{tp.shm_dir()}/oceanus-py-{os.getpid()}-{tag}-{generation}-{uuid.uuid4().hex[:8]}"
     s2w, w2s = f"{prefix}-s2w", f"{prefix}-w2s"
@@ -101,7 +106,9 @@ def spawn(
     channel = tp.Channel(parent)
     try:
         process = subprocess.Popen(
-            stub_command(child.fileno()), pass_fds=(child.fileno(),), env=stub_env()
+            stub_command(child.fileno(), python_env),
+            pass_fds=(child.fileno(),),
+            env=stub_env(python_env),
         )
         child.close()
         writer = tp.RingWriter(s2w, capacity, f"{prefix}-s-")
@@ -152,11 +159,15 @@ def shm_error(instance: str, needed: int, full: budget.ShmFull) -> InferenceServ
     )
 
 
-def run_autocomplete(model_path: Path, config_json: str) -> str:
+def run_autocomplete(
+    model_path: Path, config_json: str, python_env: PythonEnv | None = None
+) -> str:
     """Call the model's static auto_complete_config in a short-lived stub."""
     parent, child = socket.socketpair()
     process = subprocess.Popen(
-        stub_command(child.fileno()), pass_fds=(child.fileno(),), env=stub_env()
+        stub_command(child.fileno(), python_env),
+        pass_fds=(child.fileno(),),
+        env=stub_env(python_env),
     )
     child.close()
     channel = tp.Channel(parent)
@@ -177,16 +188,20 @@ def run_autocomplete(model_path: Path, config_json: str) -> str:
     return str(answer.result)
 
 
-def stub_command(fd: int) -> list[str]:
-    return [sys.executable, "-m", "oceanus.backends.python.pb_stub", str(fd)]
+def stub_command(fd: int, python_env: PythonEnv | None = None) -> list[str]:
+    python = python_env.python if python_env is not None else sys.executable
+    return [python, "-m", "oceanus.backends.python.pb_stub", str(fd)]
 
 
-def stub_env() -> dict[str, str]:
+def stub_env(python_env: PythonEnv | None = None) -> dict[str, str]:
+    """The server's variables, with this package importable (a model's own environment does
+    not have Oceanus installed) and that environment activated."""
     env = dict(os.environ)
     path = env.get("PYTHONPATH", "")
-    if _PACKAGE_ROOT not in path.split(os.pathsep):
-        env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + path if path else "")
-    return env
+    root = python_env.stub_root if python_env is not None else _PACKAGE_ROOT
+    if root not in path.split(os.pathsep):
+        env["PYTHONPATH"] = root + (os.pathsep + path if path else "")
+    return python_env.apply(env) if python_env is not None else env
 
 
 def exit_text(returncode: int | None) -> str:

@@ -203,11 +203,3 @@ def test_every_user_cycles_without_sigbus(server: NamespacedServer) -> None:
         assert _post(server, f"/v2/repository/models/{model}/unload")[0] == 200
     assert server.shm_files() == []
     assert _metrics(server)["oceanus_shm_used_bytes"] == 0
-
-
-@pytest.mark.parametrize("value", ["12", "lots", "-1"])
-def test_ring_size_option_is_checked(value: str) -> None:
-    with pytest.raises(InferenceServerError, match="shm-default-byte-size"):
-        PythonBackend({"shm-default-byte-size": value})
-    assert PythonBackend({"shm-default-byte-size": str(RING)}).ring_bytes == RING
-    assert PythonBackend().ring_bytes == 8 << 20
