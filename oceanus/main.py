@@ -217,13 +217,9 @@ class Server:
         settings = self.settings
         assert settings.openai_port is not None
         self._openai_server = HttpServer(frontend.handle_own_port, settings.http_max_input_size)
-        try:
-            await self._openai_server.start(settings.http_address, settings.openai_port)
-        except OSError as exc:
-            raise SystemExit(
-                f"failed to start the OpenAI service on {settings.http_address}:"
-                f"{settings.openai_port}: {exc.strerror}"
-            ) from None
+        await _listen(
+            self._openai_server, settings.http_address, settings.openai_port, "the OpenAI service"
+        )
         log.info("Started OpenAI service at %s:%d", settings.http_address, settings.openai_port)
 
     async def _stop_openai(self) -> bool:
@@ -244,13 +240,7 @@ class Server:
         self._http = HttpServer(
             frontend.handle, settings.http_max_input_size, settings.http_busy_poll_us
         )
-        try:
-            await self._http.start(settings.http_address, settings.http_port)
-        except OSError as exc:
-            raise SystemExit(
-                f"failed to start HTTP service on {settings.http_address}:{settings.http_port}: "
-                f"{exc.strerror}"
-            ) from None
+        await _listen(self._http, settings.http_address, settings.http_port, "HTTP service")
         log.info("Started HTTPService at %s:%d", settings.http_address, settings.http_port)
 
     async def _stop_http(self) -> bool:
@@ -388,6 +378,14 @@ class Server:
             return
         await self._metrics.stop()
         self._metrics = None
+
+
+async def _listen(server: HttpServer, address: str, port: int, service: str) -> None:
+    """Start an HTTP server; a port that cannot be had ends the process with one line."""
+    try:
+        await server.start(address, port)
+    except OSError as exc:
+        raise SystemExit(f"failed to start {service} on {address}:{port}: {exc.strerror}") from None
 
 
 def log_model_table(core: ServerCore) -> None:

@@ -71,19 +71,9 @@ SIZES: dict[str, LlmSize] = {
 
 def train_tokenizer(vocab_size: int) -> object:
     """A byte-level BPE tokenizer trained on the built-in text (deterministic)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from oceanus.examples.tokenizer import train_bpe
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator([_TEXT] * 4, trainer=trainer)
-    return tokenizer
+    return train_bpe(_TEXT, vocab_size, SPECIAL_TOKENS)
 
 
 def write_llm(folder: str | os.PathLike[str], size: str = "tiny") -> pathlib.Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 BOS, EOS, PAD = "<|begin_of_text|>", "<|im_end|>", "<|pad|>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, "<|im_start|>"]
@@ -45,20 +46,27 @@ CHAT_TEMPLATE = (
 )
 
 
-def write_tokenizer(folder: Path) -> None:
-    """Train the tokenizer and write `tokenizer.json` and `tokenizer_config.json` into folder."""
+def train_bpe(text: str, vocab_size: int, special_tokens: list[str]) -> Any:
+    """A byte-level BPE tokenizer (a `tokenizers.Tokenizer`) trained on `text`: deterministic,
+    well under a second; the one trainer of the examples' language and embedding models."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=SPECIAL_TOKENS,
+        vocab_size=vocab_size,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator([_TEXT] * 4, trainer)
+    tokenizer.train_from_iterator([text] * 4, trainer=trainer)
+    return tokenizer
+
+
+def write_tokenizer(folder: Path) -> None:
+    """Train the tokenizer and write `tokenizer.json` and `tokenizer_config.json` into folder."""
+    tokenizer = train_bpe(_TEXT, VOCAB_SIZE, SPECIAL_TOKENS)
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(folder / "tokenizer.json"))
     config = {
