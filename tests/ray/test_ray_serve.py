@@ -199,6 +199,26 @@ def test_two_replicas_on_two_nodes_and_one_killed_under_load(cluster: Cluster) -
     assert load.failed <= 0.05 * (load.ok + load.failed), report
 
 
+def test_perf_analyzer_through_the_proxy(cluster: Cluster) -> None:
+    """NVIDIA's load generator against Serve's proxy, unchanged: metadata, config, the
+    server-side statistics around each window and the infers all pass through."""
+    from tests.test_perf_analyzer import PA_SCRIPT, PA_VENV
+
+    if not (PA_VENV / "bin" / "perf_analyzer").exists():
+        pytest.skip(f"perf_analyzer is not installed in {PA_VENV}")
+    cluster.deploy(example_repository(["simple"]), {"num_replicas": 1, "autoscaling_config": None})
+    cluster.wait_replicas(1)
+    windows = ["--measurement-mode", "count_windows", "--measurement-request-count", "50"]
+    stable = ["--stability-percentage", "1000", "--max-trials", "10"]  # the protocol, not noise
+    result = subprocess.run(
+        ["bash", str(PA_SCRIPT), "-m", "simple", "-u", cluster.url, "-i", "http",
+         "--concurrency-range", "2", *windows, *stable],
+        env={**ENV, "PA_VENV": str(PA_VENV)}, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Throughput:" in result.stdout and "Inference count:" in result.stdout
+
+
 def test_autoscaling_one_to_two_under_load(cluster: Cluster) -> None:
     repository = example_repository(["simple"])
     autoscaling = {
