@@ -14,7 +14,10 @@ server (batching must not get worse with workers). Beside them, gRPC's floor: be
 (a grpc.aio server answering a precomputed response) in 1 and 2 processes.
 
     python bench/workers.py [--workers 0,2] [--repeat 3] [--window-ms 3000] [--concurrency 16]
-                            [--points simple/http,simple/grpc] [--no-echo]
+                            [--points simple/http,simple/grpc] [--no-echo] [--baseline DIR]
+
+`--baseline DIR` serves the same points with the Oceanus of another checkout beside these
+(rows `base:N`): a before/after of a change in one run.
 """
 
 from __future__ import annotations
@@ -183,6 +186,11 @@ def main() -> int:
         help="model/protocol pairs to measure",
     )
     parser.add_argument("--no-echo", action="store_true", help="skip gRPC's floor (grpc_echo)")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout (an earlier commit): its servers run beside these, as 'base:N'",
+    )
     args = parser.parse_args()
     points = [tuple(point.split("/", 1)) for point in args.points.split(",")]
     pa = perf.find_perf_analyzer()
@@ -196,17 +204,20 @@ def main() -> int:
     rows: dict[str, list[dict[str, Any]]] = {}
     histograms: dict[str, dict[int, int]] = {}
     with contextlib.ExitStack() as stack:
-        servers = {
-            count: stack.enter_context(
-                benchlib.oceanus_server(
-                    repository,
-                    log_dir,
-                    tag=f"workers{count}",
-                    extra=[f"--frontend-workers={count}"],
+        servers: dict[str, benchlib.Server] = {}
+        for checkout, prefix in ((None, ""), (args.baseline, "base:")):
+            if prefix and checkout is None:
+                continue
+            for count in counts:
+                servers[f"{prefix}{count}"] = stack.enter_context(
+                    benchlib.oceanus_server(
+                        repository,
+                        log_dir,
+                        tag=f"{prefix.rstrip(':')}workers{count}",
+                        extra=[f"--frontend-workers={count}"],
+                        checkout=checkout,
+                    )
                 )
-            )
-            for count in counts
-        }
         echo_counts = () if args.no_echo else (1, 2)
         echoes = {n: stack.enter_context(echo_server(n, log_dir)) for n in echo_counts}
         for round_index in range(args.repeat):
@@ -224,8 +235,8 @@ def main() -> int:
                 rows.setdefault(key, []).append({"infer_per_s": row.get("throughput")})
                 print(f"round {round_index + 1} {key}: {row.get('throughput')} infer/s")
             for model, protocol in points:
-                for count, server in servers.items():
-                    key = f"{model}/{protocol}/workers={count}"
+                for label, server in servers.items():
+                    key = f"{model}/{protocol}/workers={label}"
                     result = measure(server, pa, model, protocol, args)
                     rows.setdefault(key, []).append(result)
                     print(
@@ -234,10 +245,10 @@ def main() -> int:
                         f"frontends {result.get('frontend_us')} us, "
                         f"core wake-ups {result.get('core_wakeups')}/req"
                     )
-        for count, server in servers.items():
+        for label, server in servers.items():
             if ("simple_dyna", "http") not in points:
                 break
-            histograms[f"workers={count}"] = batch_histogram(server.http_url, "simple_dyna")
+            histograms[f"workers={label}"] = batch_histogram(server.http_url, "simple_dyna")
     medians: dict[str, dict[str, Any]] = {}
     for key, results in rows.items():
         medians[key] = {
