@@ -164,15 +164,20 @@ def oceanus_server(
     tag: str = "oceanus",
     extra: Sequence[str] = (),
     wrap: Sequence[str] = (),
+    checkout: Path | None = None,
 ) -> Iterator[Server]:
     """Start ``python -m oceanus`` on free ports (with `extra` flags; behind `wrap`, a command
-    that execs its arguments), wait for /v2/health/ready, stop it afterwards."""
+    that execs its arguments), wait for /v2/health/ready, stop it afterwards. `checkout`: the
+    Oceanus of another checkout (an earlier commit, for a before/after in one run) instead of
+    this one."""
     http_port, grpc_port = free_port(), free_port()
     while grpc_port == http_port:
         grpc_port = free_port()
     argv = list(wrap) + oceanus_argv(repository, http_port, grpc_port) + list(extra)
     log_path = log_dir / f"{tag}-{http_port}.log"
-    with _started(argv, log_path, http_port, grpc_port, "/v2/health/ready", timeout) as server:
+    with _started(
+        argv, log_path, http_port, grpc_port, "/v2/health/ready", timeout, checkout
+    ) as server:
         yield server
 
 
@@ -204,12 +209,16 @@ def _started(
     grpc_port: int | None,
     ready_path: str,
     timeout: float,
+    checkout: Path | None = None,
 ) -> Iterator[Server]:
     """Run `argv` logging to `log_path` until `ready_path` answers 200; stop it afterwards (its
     log's tail is printed if anything fails meanwhile)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        env = None if checkout is None else dict(os.environ, PYTHONPATH=str(checkout))
+        proc = subprocess.Popen(
+            argv, cwd=checkout or ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
     server = Server(proc, http_port, grpc_port, log_path, argv=argv)
     try:
         server.ready_s = wait_http_ok(f"http://127.0.0.1:{http_port}{ready_path}", proc, timeout)

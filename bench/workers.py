@@ -14,6 +14,10 @@ server (batching must not get worse with workers). Beside them, gRPC's floor: be
 (a grpc.aio server answering a precomputed response) in 1 and 2 processes.
 
     python bench/workers.py [--workers 0,2] [--repeat 3] [--window-ms 3000] [--concurrency 16]
+                            [--points simple/http,simple/grpc] [--no-echo] [--baseline DIR]
+
+`--baseline DIR` serves the same points with the Oceanus of another checkout beside these
+(rows `base:N`): a before/after of a change in one run.
 """
 
 from __future__ import annotations
@@ -43,6 +47,24 @@ def cpu_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def sleeps(pid: int) -> int:
+    """Voluntary context switches of all a process's threads so far: each is one sleep, so one
+    wake-up paid later (0 once it is gone)."""
+    total = 0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return 0
+    for task in tasks:
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total
 
 
 def worker_pids(core_pid: int) -> list[int]:
@@ -91,6 +113,7 @@ def measure(
     assert url is not None
     before_core = cpu_seconds(core)
     before_workers = sum(cpu_seconds(pid) for pid in workers)
+    before_sleeps = sleeps(core), sum(sleeps(pid) for pid in workers)
     before_count = served(server.http_url, model)
     row = perf.run_level(
         pa[0], pa[1], model, url, args.concurrency, protocol=protocol, window_ms=args.window_ms
@@ -98,6 +121,8 @@ def measure(
     requests = served(server.http_url, model) - before_count
     core_s = cpu_seconds(core) - before_core
     workers_s = sum(cpu_seconds(pid) for pid in workers) - before_workers
+    core_sleeps = sleeps(core) - before_sleeps[0]
+    worker_sleeps = sum(sleeps(pid) for pid in workers) - before_sleeps[1]
     result: dict[str, Any] = {
         "infer_per_s": row.get("throughput"),
         "p99_ms": row.get("p99_ms"),
@@ -109,6 +134,8 @@ def measure(
         result["core_us"] = round(core_s / requests * 1e6, 1)
         result["frontend_us"] = round(workers_s / requests * 1e6, 1)
         result["total_us"] = round((core_s + workers_s) / requests * 1e6, 1)
+        result["core_wakeups"] = round(core_sleeps / requests, 2)
+        result["frontend_wakeups"] = round(worker_sleeps / requests, 2)
         core_bound = 1e6 / result["core_us"] if result["core_us"] else float("inf")
         if workers:
             frontend_bound = 15e6 / result["frontend_us"] if result["frontend_us"] else 0.0
@@ -153,30 +180,46 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--window-ms", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument(
+        "--points",
+        default=",".join(f"{m}/{p}" for m, p in POINTS),
+        help="model/protocol pairs to measure",
+    )
+    parser.add_argument("--no-echo", action="store_true", help="skip gRPC's floor (grpc_echo)")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout (an earlier commit): its servers run beside these, as 'base:N'",
+    )
     args = parser.parse_args()
+    points = [tuple(point.split("/", 1)) for point in args.points.split(",")]
     pa = perf.find_perf_analyzer()
     if pa is None:
         print("perf_analyzer not found: run scripts/install_perf_analyzer.sh", file=sys.stderr)
         return 1
     counts = [int(c) for c in args.workers.split(",")]
-    repository = benchlib.example_repository(sorted({model for model, _ in POINTS}))
+    repository = benchlib.example_repository(sorted({model for model, _ in points}))
     log_dir = benchlib.RESULTS_DIR / f"workers-{time.strftime('%Y%m%d-%H%M%S')}-logs"
     load_before = benchlib.loadavg()
     rows: dict[str, list[dict[str, Any]]] = {}
     histograms: dict[str, dict[int, int]] = {}
     with contextlib.ExitStack() as stack:
-        servers = {
-            count: stack.enter_context(
-                benchlib.oceanus_server(
-                    repository,
-                    log_dir,
-                    tag=f"workers{count}",
-                    extra=[f"--frontend-workers={count}"],
+        servers: dict[str, benchlib.Server] = {}
+        for checkout, prefix in ((None, ""), (args.baseline, "base:")):
+            if prefix and checkout is None:
+                continue
+            for count in counts:
+                servers[f"{prefix}{count}"] = stack.enter_context(
+                    benchlib.oceanus_server(
+                        repository,
+                        log_dir,
+                        tag=f"{prefix.rstrip(':')}workers{count}",
+                        extra=[f"--frontend-workers={count}"],
+                        checkout=checkout,
+                    )
                 )
-            )
-            for count in counts
-        }
-        echoes = {n: stack.enter_context(echo_server(n, log_dir)) for n in (1, 2)}
+        echo_counts = () if args.no_echo else (1, 2)
+        echoes = {n: stack.enter_context(echo_server(n, log_dir)) for n in echo_counts}
         for round_index in range(args.repeat):
             for processes, url in echoes.items():
                 row = perf.run_level(
@@ -191,17 +234,21 @@ def main() -> int:
                 key = f"grpc-echo/processes={processes}"
                 rows.setdefault(key, []).append({"infer_per_s": row.get("throughput")})
                 print(f"round {round_index + 1} {key}: {row.get('throughput')} infer/s")
-            for model, protocol in POINTS:
-                for count, server in servers.items():
-                    key = f"{model}/{protocol}/workers={count}"
+            for model, protocol in points:
+                for label, server in servers.items():
+                    key = f"{model}/{protocol}/workers={label}"
                     result = measure(server, pa, model, protocol, args)
                     rows.setdefault(key, []).append(result)
                     print(
                         f"round {round_index + 1} {key}: {result.get('infer_per_s')} infer/s, "
-                        f"core {result.get('core_us')} us, frontends {result.get('frontend_us')} us"
+                        f"core {result.get('core_us')} us, "
+                        f"frontends {result.get('frontend_us')} us, "
+                        f"core wake-ups {result.get('core_wakeups')}/req"
                     )
-        for count, server in servers.items():
-            histograms[f"workers={count}"] = batch_histogram(server.http_url, "simple_dyna")
+        for label, server in servers.items():
+            if ("simple_dyna", "http") not in points:
+                break
+            histograms[f"workers={label}"] = batch_histogram(server.http_url, "simple_dyna")
     medians: dict[str, dict[str, Any]] = {}
     for key, results in rows.items():
         medians[key] = {
@@ -214,6 +261,8 @@ def main() -> int:
                 "core_us",
                 "frontend_us",
                 "total_us",
+                "core_wakeups",
+                "frontend_wakeups",
                 "projected_16_cores",
             )
         }
@@ -235,6 +284,8 @@ def main() -> int:
                 benchlib.fmt_num(median["core_us"]),
                 benchlib.fmt_num(median["frontend_us"]),
                 benchlib.fmt_num(median["total_us"]),
+                benchlib.fmt_num(median["core_wakeups"], 2),
+                benchlib.fmt_num(median["frontend_wakeups"], 2),
                 benchlib.fmt_num(median["projected_16_cores"], 0),
             ]
         )
@@ -250,6 +301,8 @@ def main() -> int:
                 "core us/req",
                 "frontends us/req",
                 "all us/req",
+                "core wake-ups/req",
+                "frontends wake-ups/req",
                 "16-core projection",
             ],
             table_rows,
