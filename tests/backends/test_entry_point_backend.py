@@ -108,7 +108,7 @@ def test_unknown_backend_fails_its_model_naming_the_known_ones(echo_server: Any)
     reason = entries["nope_model"]["reason"]
     assert "unable to find backend 'nope'" in reason
     # The installed backend is listed beside the built-in ones.
-    assert "known backends: echo, onnxruntime" in reason
+    assert "known backends: echo, oceanus_llm, onnxruntime" in reason
     assert entries["echo_model"]["state"] == "READY"
 
 
@@ -120,4 +120,5 @@ def test_registry_error_lists_known_backends() -> None:
     with pytest.raises(InferenceServerError) as caught:
         builtin.registry(entry_points=False).get("nope", model="m")
     assert str(caught.value).startswith("unable to load model 'm': unable to find backend 'nope'")
-    assert "known backends: onnxruntime, openvino, python, pytorch, tensorrt" in str(caught.value)
+    known = "oceanus_llm, onnxruntime, openvino, python, pytorch, tensorrt, vllm"
+    assert f"known backends: {known}" in str(caught.value)

@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
@@ -46,6 +48,22 @@ def write_identity(root: Path, name: str, kind: str, data_type: str, element_typ
     (folder / "1").mkdir(parents=True)
     (folder / "config.pbtxt").write_text(_config(name, kind, data_type))
     onnx.save(_identity_model(kind, element_type), folder / "1" / "model.onnx")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def oceanus_logging_restored() -> Iterator[None]:
+    """An embedded server applies its log settings to the `oceanus` logger (its own handler, no
+    propagation), as the command line does: put the logger back for the tests after these, whose
+    caplog reads what propagates to the root."""
+    logger = logging.getLogger("oceanus")
+    saved = (logger.level, list(logger.handlers), logger.propagate)
+    yield
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    logger.setLevel(saved[0])
+    for handler in saved[1]:
+        logger.addHandler(handler)
+    logger.propagate = saved[2]
 
 
 @pytest.fixture(scope="package")

@@ -256,6 +256,9 @@ def test_registry_shares_labels_between_owners_until_both_let_go() -> None:
 class _NoModels:
     models: dict[str, Any] = {}
 
+    def ready_versions(self) -> list[Any]:
+        return []
+
 
 # ---- response parameters ------------------------------------------------------------------------
 
