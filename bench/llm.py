@@ -19,6 +19,11 @@ The naive server does not stream: its time to first token is its whole latency.
 
     python bench/llm.py [--size 100m] [--concurrency 1,8,32] [--prompt-tokens 32,512]
                         [--output-tokens 64,256] [--requests 1] [--targets oceanus,inproc,...]
+                        [--max-num-batched-tokens 512] [--stagger-ms 0]
+                        [--openvino-python VENV/bin/python] [--openvino-ir-dir DIR]
+
+--stagger-ms 0 (the default) starts every client at once: a burst of `c` prompts, whose time
+to first token is bound by prefilling all of them; with N > 0 client i starts i*N ms late.
 
 Prints a table and writes bench/results/llm-<timestamp>.json.
 """
@@ -183,7 +188,7 @@ def run_openvino(
     folder: Path,
     ir_dir: Path,
     jobs: dict[int, list[Job]],
-    max_num_seqs: int,
+    limits: list[int],
     stagger_ms: float,
 ) -> dict[str, dict[str, float]]:
     """bench/llm_openvino.py in `python` (its own venv); its samples summarized as ours."""
@@ -196,7 +201,8 @@ def run_openvino(
             spec,
         )
     argv = [python, str(ROOT / "bench" / "llm_openvino.py"), "--model", str(folder)]
-    argv += ["--ir-dir", str(ir_dir), "--jobs", spec.name, "--max-num-seqs", str(max_num_seqs)]
+    argv += ["--ir-dir", str(ir_dir), "--jobs", spec.name, "--max-num-seqs", str(limits[0])]
+    argv += ["--max-num-batched-tokens", str(limits[1])]
     argv += ["--stagger-ms", str(stagger_ms)]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -358,6 +364,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1, help="per client")
     parser.add_argument("--targets", default=",".join(TARGETS))
     parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=512, help="prefill tokens per step"
+    )
     parser.add_argument("--openvino-python", help="interpreter for the openvino target")
     parser.add_argument(
         "--openvino-ir-dir", help="where the converted model is cached (default: beside it)"
@@ -396,7 +405,11 @@ def main() -> None:
         repo,
         "llm",
         size=args.size,
-        engine_args={"max_model_len": max_len, "max_num_seqs": args.max_num_seqs},
+        engine_args={
+            "max_model_len": max_len,
+            "max_num_seqs": args.max_num_seqs,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
+        },
     )
 
     def point(target: str, c: int, result: dict[str, Any]) -> None:
@@ -413,6 +426,7 @@ def main() -> None:
                 tokenizer=folder,
                 max_model_len=max_len,
                 max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_num_batched_tokens,
             ),
             threads=torch.get_num_threads(),
         )
@@ -441,7 +455,12 @@ def main() -> None:
             ir_dir = Path(args.openvino_ir_dir or folder.parent / f"{args.size}-openvino")
             try:
                 for level, result in run_openvino(
-                    args.openvino_python, folder, ir_dir, jobs, args.max_num_seqs, args.stagger_ms
+                    args.openvino_python,
+                    folder,
+                    ir_dir,
+                    jobs,
+                    [args.max_num_seqs, args.max_num_batched_tokens],
+                    args.stagger_ms,
                 ).items():
                     point("openvino", int(level), result)
             except Exception as exc:  # reported, not fatal
@@ -512,6 +531,7 @@ def main() -> None:
                 "output_tokens": output,
                 "requests_per_client": args.requests,
                 "stagger_ms": args.stagger_ms,
+                "max_num_batched_tokens": args.max_num_batched_tokens,
                 "loadavg_before": load_before,
                 "loadavg_after": benchlib.loadavg(),
                 "results": results,
