@@ -24,6 +24,7 @@ from oceanus.core.backend import Backend, LoadContext, RequestInstance
 from oceanus.core.errors import invalid_arg
 from oceanus.proto_json import message_to_dict
 
+
 class PythonBackend(Backend):
     name = "python"
     default_model_filename = "model.py"

@@ -23,8 +23,6 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from oceanus.backends.python.backend import PythonBackend
-from oceanus.core.errors import InferenceServerError
 from tests.conftest import ServerProcess
 
 SHM_SIZE = 12 << 20
