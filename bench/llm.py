@@ -8,6 +8,9 @@ shared machine:
   hf_cb     transformers' own continuous batching (`generate_batch`, paged attention) in process
   naive     FastAPI calling transformers' `generate` per request (bench/llm_naive_server.py)
   serve     `transformers serve --continuous-batching` (its OpenAI API, /v1/completions stream)
+  openvino  OpenVINO GenAI's ContinuousBatchingPipeline in process (bench/llm_openvino.py), run
+            by another interpreter (--openvino-python: a venv with openvino-genai and
+            optimum-intel, kept out of the project's environment); skipped without it
 
 Each of `concurrency` clients sends `--requests` requests one after the other; prompts and
 output lengths are drawn once (fixed seed) from the given ranges and shared by every target.
@@ -16,6 +19,11 @@ The naive server does not stream: its time to first token is its whole latency.
 
     python bench/llm.py [--size 100m] [--concurrency 1,8,32] [--prompt-tokens 32,512]
                         [--output-tokens 64,256] [--requests 1] [--targets oceanus,inproc,...]
+                        [--max-num-batched-tokens 512] [--stagger-ms 0]
+                        [--openvino-python VENV/bin/python] [--openvino-ir-dir DIR]
+
+--stagger-ms 0 (the default) starts every client at once: a burst of `c` prompts, whose time
+to first token is bound by prefilling all of them; with N > 0 client i starts i*N ms late.
 
 Prints a table and writes bench/results/llm-<timestamp>.json.
 """
@@ -41,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import benchlib
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGETS = ("oceanus", "inproc", "hf_cb", "naive", "serve")
+TARGETS = ("oceanus", "inproc", "hf_cb", "naive", "serve", "openvino")
 
 
 @dataclass
@@ -94,7 +102,9 @@ def summarize(samples: list[Sample], wall_s: float) -> dict[str, float]:
 # ---- in process -------------------------------------------------------------------------------
 
 
-def run_inproc(engine: Any, jobs: list[Job], concurrency: int) -> dict[str, float]:
+def run_inproc(
+    engine: Any, jobs: list[Job], concurrency: int, stagger_s: float = 0.0
+) -> dict[str, float]:
     from oceanus.backends.llm.sampling import SamplingParams
 
     samples: list[Sample] = []
@@ -129,7 +139,9 @@ def run_inproc(engine: Any, jobs: list[Job], concurrency: int) -> dict[str, floa
         engine.submit(job.prompt_ids, params, sink)
 
     began = time.perf_counter()
-    for _ in range(concurrency):
+    for client in range(concurrency):
+        if client and stagger_s:
+            time.sleep(stagger_s)  # clients join one after another (--stagger-ms)
         start()
     done.wait()
     return summarize(samples, time.perf_counter() - began)
@@ -171,6 +183,38 @@ def run_hf_cb(manager: Any, jobs: list[Job], concurrency: int) -> dict[str, floa
     return summarize(samples, time.perf_counter() - began)
 
 
+def run_openvino(
+    python: str,
+    folder: Path,
+    ir_dir: Path,
+    jobs: dict[int, list[Job]],
+    limits: list[int],
+    stagger_ms: float,
+) -> dict[str, dict[str, float]]:
+    """bench/llm_openvino.py in `python` (its own venv); its samples summarized as ours."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as spec:
+        json.dump(
+            {
+                str(c): [{"prompt_ids": j.prompt_ids, "tokens": j.tokens} for j in level]
+                for c, level in jobs.items()
+            },
+            spec,
+        )
+    argv = [python, str(ROOT / "bench" / "llm_openvino.py"), "--model", str(folder)]
+    argv += ["--ir-dir", str(ir_dir), "--jobs", spec.name, "--max-num-seqs", str(limits[0])]
+    argv += ["--max-num-batched-tokens", str(limits[1])]
+    argv += ["--stagger-ms", str(stagger_ms)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{argv[:2]} failed: {done.stderr[-1500:]}")
+    raw = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"openvino versions: {raw.pop('versions', None)}", flush=True)
+    return {
+        c: summarize([Sample(*s) for s in level["samples"]], level["wall_s"])
+        for c, level in raw.items()
+    }
+
+
 # ---- over HTTP --------------------------------------------------------------------------------
 
 
@@ -202,7 +246,7 @@ async def _one_json(session: Any, url: str, body: dict[str, Any]) -> Sample:
 
 
 async def run_http(
-    target: str, url: str, model: str, jobs: list[Job], concurrency: int
+    target: str, url: str, model: str, jobs: list[Job], concurrency: int, stagger_s: float = 0.0
 ) -> dict[str, float]:
     import aiohttp
 
@@ -243,14 +287,15 @@ async def run_http(
             session, f"{url}/generate", {"text_input": job.prompt, "max_tokens": job.tokens}
         )
 
-    async def client(session: Any) -> None:
+    async def client(session: Any, index: int) -> None:
+        await asyncio.sleep(index * stagger_s)
         while queue:
             samples.append(await request(session, queue.pop()))
 
     timeout = aiohttp.ClientTimeout(total=3600)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         began = time.perf_counter()
-        await asyncio.gather(*(client(session) for _ in range(concurrency)))
+        await asyncio.gather(*(client(session, i) for i in range(concurrency)))
         wall = time.perf_counter() - began
     return summarize(samples, wall)
 
@@ -319,6 +364,19 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1, help="per client")
     parser.add_argument("--targets", default=",".join(TARGETS))
     parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=512, help="prefill tokens per step"
+    )
+    parser.add_argument("--openvino-python", help="interpreter for the openvino target")
+    parser.add_argument(
+        "--openvino-ir-dir", help="where the converted model is cached (default: beside it)"
+    )
+    parser.add_argument(
+        "--stagger-ms",
+        type=float,
+        default=0.0,
+        help="client i starts i times this late (0: all clients start at once, a burst)",
+    )
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     low, high = (int(x) for x in args.prompt_tokens.split(","))
@@ -326,6 +384,7 @@ def main() -> None:
     low, high = (int(x) for x in args.output_tokens.split(","))
     output = (low, high)
     targets = args.targets.split(",")
+    stagger = args.stagger_ms / 1000
     load_before = benchlib.loadavg()
 
     import torch
@@ -346,7 +405,11 @@ def main() -> None:
         repo,
         "llm",
         size=args.size,
-        engine_args={"max_model_len": max_len, "max_num_seqs": args.max_num_seqs},
+        engine_args={
+            "max_model_len": max_len,
+            "max_num_seqs": args.max_num_seqs,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
+        },
     )
 
     def point(target: str, c: int, result: dict[str, Any]) -> None:
@@ -363,12 +426,13 @@ def main() -> None:
                 tokenizer=folder,
                 max_model_len=max_len,
                 max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_num_batched_tokens,
             ),
             threads=torch.get_num_threads(),
         )
         run_inproc(engine, jobs[levels[0]][:1], 1)  # warm-up
         for c in levels:
-            point("inproc", c, run_inproc(engine, jobs[c], c))
+            point("inproc", c, run_inproc(engine, jobs[c], c, stagger))
         engine.close()
     if "hf_cb" in targets:
         from transformers import GenerationConfig
@@ -384,6 +448,24 @@ def main() -> None:
             point("hf_cb", c, run_hf_cb(manager, jobs[c], c))
         manager.stop(block=True)
         del model, manager
+    if "openvino" in targets:
+        if not args.openvino_python:
+            results["openvino"]["error"] = "skipped: no --openvino-python"
+        else:
+            ir_dir = Path(args.openvino_ir_dir or folder.parent / f"{args.size}-openvino")
+            try:
+                for level, result in run_openvino(
+                    args.openvino_python,
+                    folder,
+                    ir_dir,
+                    jobs,
+                    [args.max_num_seqs, args.max_num_batched_tokens],
+                    args.stagger_ms,
+                ).items():
+                    point("openvino", int(level), result)
+            except Exception as exc:  # reported, not fatal
+                results["openvino"]["error"] = str(exc)[-1500:]
+                print(f"openvino: failed: {str(exc)[-1500:]}", flush=True)
     for target in ("oceanus", "naive", "serve"):
         if target not in targets:
             continue
@@ -394,7 +476,7 @@ def main() -> None:
                 name = "llm" if target == "oceanus" else str(folder)
                 asyncio.run(run_http(target, url, name, jobs[levels[0]][:1], 1))  # warm-up
                 for c in levels:
-                    point(target, c, asyncio.run(run_http(target, url, name, jobs[c], c)))
+                    point(target, c, asyncio.run(run_http(target, url, name, jobs[c], c, stagger)))
         except Exception as exc:  # a baseline that does not run here is reported, not fatal
             results[target]["error"] = str(exc)[-500:]
             print(f"{target}: failed: {str(exc)[-300:]}", flush=True)
@@ -429,10 +511,12 @@ def main() -> None:
             a, b = ours.get(str(c)), results.get(other, {}).get(str(c))
             if a and b and b.get("tokens_per_s"):
                 ratios[f"oceanus/{other} c{c}"] = a["tokens_per_s"] / b["tokens_per_s"]
-    if ours.get(str(levels[0])) and ours.get(str(levels[-1])):
-        ratios[f"ttft_p99 c{levels[-1]}/c{levels[0]}"] = (
-            ours[str(levels[-1])]["ttft_p99_ms"] / ours[str(levels[0])]["ttft_p99_ms"]
-        )
+    for target in targets:
+        low_c, high_c = (results[target].get(str(c)) for c in (levels[0], levels[-1]))
+        if low_c and high_c and low_c.get("ttft_p99_ms"):
+            ratios[f"{target} ttft_p99 c{levels[-1]}/c{levels[0]}"] = (
+                high_c["ttft_p99_ms"] / low_c["ttft_p99_ms"]
+            )
     for key, value in ratios.items():
         print(f"{key}: {value:.2f}x")
     out_dir = Path(__file__).parent / "results"
@@ -446,6 +530,8 @@ def main() -> None:
                 "prompt_tokens": prompt,
                 "output_tokens": output,
                 "requests_per_client": args.requests,
+                "stagger_ms": args.stagger_ms,
+                "max_num_batched_tokens": args.max_num_batched_tokens,
                 "loadavg_before": load_before,
                 "loadavg_after": benchlib.loadavg(),
                 "results": results,

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from oceanus.backends.llm.args import EngineArgs
-from oceanus.backends.llm.kv_cache import SlotCache, attention_mask
+from oceanus.backends.llm.kv_cache import SlotCache, attention_mask, packed_mask
 from oceanus.backends.llm.sampler import Choice, choose, needs_row_work
 from oceanus.backends.llm.sampling import SamplingParams
 from oceanus.core.errors import ErrorCode, InferenceServerError, internal, invalid_arg, unavailable
@@ -129,6 +129,7 @@ class Engine:
         # transformers 5 names the cache argument `cache`, earlier versions `past_key_values`.
         forward = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in forward else "past_key_values"
+        self._keep_kw = "logits_to_keep" in forward
         self.threads = threads
         self.counters = EngineCounters(budget_tokens=self.budget)
         self.on_finish: FinishHook | None = None
@@ -272,23 +273,68 @@ class Engine:
         return out.logits
 
     def _prefill(self, seqs: list[Sequence]) -> None:
+        """Every chosen prompt's next chunk in one packed pass: the chunks lie back to back in
+        one row (no padding, so the token budget is all real work) and the mask keeps each
+        sequence to its own keys. All newcomers of a burst get their first token after one
+        such pass when their prompts fit the budget, not one after another."""
         room = self.chunk
         chunks: list[list[int]] = []
         for seq in seqs:
             take = min(room, len(seq.prompt) - seq.prefilled)
             chunks.append(seq.prompt[seq.prefilled : seq.prefilled + take])
             room -= take
-        logits = self._forward(seqs, chunks, [s.prefilled for s in seqs])
+        ids: list[int] = []
+        q_seq: list[int] = []
+        q_pos: list[int] = []
+        q_slot: list[int] = []
+        k_seq: list[int] = []
+        k_pos: list[int] = []
+        k_slot: list[int] = []
+        for index, (seq, chunk) in enumerate(zip(seqs, chunks, strict=True)):
+            start, end = seq.prefilled, seq.prefilled + len(chunk)
+            ids += chunk
+            q_seq += [index] * len(chunk)
+            q_pos += range(start, end)
+            q_slot += [seq.slot] * len(chunk)
+            k_seq += [index] * end
+            k_pos += range(end)
+            k_slot += [seq.slot] * end
+        positions = torch.tensor([q_pos], dtype=torch.long)
+        key_pos = torch.tensor(k_pos, dtype=torch.long)
+        key_seq = torch.tensor(k_seq, dtype=torch.long)
+        self.cache.bind_packed(
+            torch.tensor([q_slot], dtype=torch.long),
+            positions,
+            torch.tensor(k_slot, dtype=torch.long),
+            key_pos,
+        )
+        mask = packed_mask(
+            torch.tensor(q_seq, dtype=torch.long), positions[0], key_seq, key_pos, self.dtype
+        )
+        # Only the rows of prompts that end in this pass need logits (the LM head over every
+        # prompt token would cost as much as a layer or two).
         done: list[Sequence] = []
-        rows: list[torch.Tensor] = []
-        for row, (seq, chunk) in enumerate(zip(seqs, chunks, strict=True)):
+        rows: list[int] = []
+        last = -1
+        for seq, chunk in zip(seqs, chunks, strict=True):
+            last += len(chunk)
             seq.prefilled += len(chunk)
             self.counters.prompt_tokens += len(chunk)
             if seq.prefilled == len(seq.prompt):
                 done.append(seq)
-                rows.append(logits[row, len(chunk) - 1])
+                rows.append(last)
+        kwargs: dict[str, Any] = {self._cache_kw: self.cache}
+        if self._keep_kw:
+            kwargs["logits_to_keep"] = torch.tensor(rows or [last], dtype=torch.long)
+        logits = self.model(
+            input_ids=torch.tensor([ids], dtype=torch.long),
+            position_ids=positions,
+            attention_mask=mask,
+            use_cache=True,
+            **kwargs,
+        ).logits[0]
         if done:
-            self._emit(done, torch.stack(rows).float())
+            self._emit(done, (logits if self._keep_kw else logits[rows]).float())
 
     def _decode(self, seqs: list[Sequence]) -> None:
         tokens = [[s.generated[-1]] for s in seqs]

@@ -36,18 +36,38 @@ class SlotCache(Cache):
         self._positions = torch.zeros(0, 0, dtype=torch.long)
         self._kv_len = 0
         self._contiguous: tuple[int, int] | None = None
+        # A packed pass (bind_packed): the cells each of its keys comes from, `[kv]` each.
+        self._read: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def bind(self, rows: list[int], positions: torch.Tensor, kv_len: int) -> None:
         """The slots of the next forward pass (batch order), the positions of its new tokens
         (`[batch, q]`) and how many cells of each row the attention reads."""
-        self._rows = torch.tensor(rows, dtype=torch.long)
+        self._rows = torch.tensor(rows, dtype=torch.long)[:, None]
         self._positions = positions
         self._kv_len = kv_len
+        self._read = None
         # Consecutive slots read as a view, without a gather.
         first = rows[0]
         self._contiguous = (
             (first, first + len(rows)) if rows == list(range(first, first + len(rows))) else None
         )
+
+    def bind_packed(
+        self,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        read_slots: torch.Tensor,
+        read_positions: torch.Tensor,
+    ) -> None:
+        """A pass of one row holding several sequences' tokens back to back (no padding): the
+        slot and position of each new token (`[1, q]`), and the cells its keys are read from,
+        each sequence's cells one after the other (`[kv]`); the caller's mask keeps every
+        query inside its own sequence."""
+        self._rows = slots
+        self._positions = positions
+        self._kv_len = int(read_slots.numel())
+        self._contiguous = None
+        self._read = (read_slots, read_positions)
 
     def update(
         self,
@@ -58,16 +78,23 @@ class SlotCache(Cache):
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.keys[layer_idx], self.values[layer_idx]
-        rows = self._rows[:, None]
+        rows = self._rows
         # [batch, heads, q, dim] -> [batch, q, heads, dim], the layout advanced indexing gives.
         keys[rows, :, self._positions] = key_states.transpose(1, 2).to(keys.dtype)
         values[rows, :, self._positions] = value_states.transpose(1, 2).to(values.dtype)
+        if self._read is not None:
+            slots, cells = self._read
+            # [kv, heads, dim] -> [1, heads, kv, dim]
+            return (
+                keys[slots, :, cells].permute(1, 0, 2)[None],
+                values[slots, :, cells].permute(1, 0, 2)[None],
+            )
         if self._contiguous is not None:
             start, end = self._contiguous
             return keys[start:end, :, : self._kv_len], values[start:end, :, : self._kv_len]
         return (
-            keys.index_select(0, self._rows)[:, :, : self._kv_len],
-            values.index_select(0, self._rows)[:, :, : self._kv_len],
+            keys.index_select(0, self._rows[:, 0])[:, :, : self._kv_len],
+            values.index_select(0, self._rows[:, 0])[:, :, : self._kv_len],
         )
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -92,3 +119,18 @@ def attention_mask(positions: torch.Tensor, kv_len: int, dtype: torch.dtype) -> 
     mask = torch.zeros(visible.shape, dtype=dtype)
     mask.masked_fill_(~visible, torch.finfo(dtype).min)
     return mask[:, None]
+
+
+def packed_mask(
+    query_seq: torch.Tensor,
+    query_pos: torch.Tensor,
+    key_seq: torch.Tensor,
+    key_pos: torch.Tensor,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """`[1, 1, q, kv]` for a packed pass: a query sees the keys of its own sequence at or
+    before its position."""
+    visible = (query_seq[:, None] == key_seq[None, :]) & (key_pos[None, :] <= query_pos[:, None])
+    mask = torch.zeros(visible.shape, dtype=dtype)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[None, None]

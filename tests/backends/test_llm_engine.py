@@ -1,0 +1,93 @@
+"""The LLM engine in process (no server): a burst of prompts is prefilled together, packed in one
+forward pass per step, and each greedy output still equals transformers' own `generate` token
+for token, whether a prompt was prefilled whole or in chunks split across steps."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from oceanus.backends.llm.args import EngineArgs
+from oceanus.backends.llm.engine import Engine, StepOutput
+from oceanus.backends.llm.sampling import SamplingParams
+from oceanus.examples.llm import cached_llm
+
+PROMPTS = [
+    "The ocean covers",
+    "Hello world! How are you today? I am fine, thank you. What is the weather like",
+    "def main(): return",
+    "Tides rise and fall twice a day, pulled by the moon and the sun. Waves carry energy",
+]
+
+
+def run_burst(budget: int, lengths: list[int]) -> tuple[list[list[int]], list[int], Any]:
+    """Submit every prompt before the engine's first step; each one's tokens and the step
+    (counted by the step hook) in which its first token came."""
+    folder = cached_llm("tiny")
+    engine = Engine(EngineArgs(model=folder, tokenizer=folder, max_num_batched_tokens=budget))
+    steps = [0]
+    engine.on_step = lambda _engine: steps.__setitem__(0, steps[0] + 1)
+    tokens: list[list[int]] = [[] for _ in PROMPTS]
+    first: list[int] = [-1] * len(PROMPTS)
+    done = threading.Semaphore(0)
+
+    def sink(index: int) -> Any:
+        def take(out: StepOutput) -> None:
+            if out.token_ids and first[index] < 0:
+                first[index] = steps[0]
+            tokens[index] += out.token_ids
+            if out.finished:
+                done.release()
+
+        return take
+
+    prompts = [engine.encode(p) for p in PROMPTS]
+    with engine._cond:  # hold the step loop so that all arrive at once
+        for index, (ids, length) in enumerate(zip(prompts, lengths, strict=True)):
+            params = SamplingParams(max_tokens=length, temperature=0.0, ignore_eos=True)
+            engine.submit(ids, params, sink(index))
+    for _ in PROMPTS:
+        assert done.acquire(timeout=60)
+    engine.close()
+    return tokens, first, prompts
+
+
+def reference(prompts: list[list[int]], lengths: list[int]) -> list[list[int]]:
+    model = AutoModelForCausalLM.from_pretrained(cached_llm("tiny")).eval()
+    out = []
+    for ids, length in zip(prompts, lengths, strict=True):
+        tensor = torch.tensor([ids])
+        with torch.no_grad():
+            generated = model.generate(
+                tensor,
+                attention_mask=torch.ones_like(tensor),
+                max_new_tokens=length,
+                min_new_tokens=length,
+                do_sample=False,
+            )
+        out.append(generated[0, len(ids) :].tolist())
+    return out
+
+
+def test_burst_is_prefilled_in_one_pass_and_equals_generate() -> None:
+    lengths = [12, 6, 9, 7]
+    tokens, first, prompts = run_burst(512, lengths)
+    # Every prompt fits the budget: all first tokens come from the same (first) step.
+    assert first == [0, 0, 0, 0]
+    assert tokens == reference(prompts, lengths)
+
+
+def test_chunks_split_across_steps_equal_generate() -> None:
+    lengths = [8, 8, 8, 8]
+    # 16 tokens per step: the long prompts are split, chunks of several prompts share a pass.
+    tokens, first, prompts = run_burst(16, lengths)
+    assert max(first) > 0
+    assert tokens == reference(prompts, lengths)
