@@ -5,10 +5,12 @@ the OpenAI route's output tokens/s >= 0.95x the generate_stream route's), and ho
 Both routes stream the same prompts with the same output lengths (EOS ignored, greedy), as
 `/v1/completions` (the prompt goes to the model as it is) and as `/v1/chat/completions` (the
 model's chat template around it); tokens are counted from the servers' own usage numbers. The
-routes alternate per concurrency level, so machine noise hits both alike.
+routes alternate per concurrency level and repeat (`--repeats`), so machine noise hits all
+alike; the table shows each route's median tokens/s, the median of the per-repeat ratios to
+generate_stream, and the worst health probe of all repeats.
 
     python bench/llm_openai.py [--size tiny|100m] [--concurrency 1,8,32] [--prompt-tokens 32,512]
-                           [--output-tokens 64,256] [--requests 1]
+                           [--output-tokens 64,256] [--requests 1] [--repeats 1]
 
 Prints a table and writes bench/results/llm_openai-<timestamp>.json.
 """
@@ -141,6 +143,7 @@ def main() -> None:
     parser.add_argument("--output-tokens", default="64,256")
     parser.add_argument("--requests", type=int, default=1, help="per client")
     parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=1, help="runs of every route per level")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     prompt = tuple(int(x) for x in args.prompt_tokens.split(","))
@@ -164,28 +167,44 @@ def main() -> None:
     write_llm_model(repo, "llm", size=args.size, engine_args=engine_args)
     port = benchlib.free_port()
     argv, health = server_argv("oceanus", folder, repo, port)
-    results: dict[str, dict[str, Any]] = {route: {} for route in ROUTES}
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {route: {} for route in ROUTES}
     with process(argv, port, health, log_dir / "oceanus.log") as url:
         for route in ROUTES:
             asyncio.run(_run(route, url, jobs[levels[0]][:1], 1))  # warm-up
         for c in levels:
-            for route in ROUTES:
-                result = asyncio.run(_run(route, url, jobs[c], c))
-                results[route][str(c)] = result
-                shown = {k: round(v, 2) for k, v in result.items()}
-                print(f"{route:15s} c={c:<3d} {json.dumps(shown)}", flush=True)
+            for repeat in range(args.repeats):
+                for route in ROUTES:
+                    result = asyncio.run(_run(route, url, jobs[c], c))
+                    runs[route].setdefault(str(c), []).append(result)
+                    shown = {k: round(v, 2) for k, v in result.items()}
+                    print(f"{route:15s} c={c:<3d} #{repeat} {json.dumps(shown)}", flush=True)
     rows = []
+    results: dict[str, dict[str, Any]] = {route: {} for route in ROUTES}
     for c in levels:
-        base = results["generate_stream"][str(c)]["tokens_per_s"]
+        base_runs = runs["generate_stream"][str(c)]
         for route in ROUTES:
-            r = results[route][str(c)]
+            done = runs[route][str(c)]
+            ratios = [
+                r["tokens_per_s"] / b["tokens_per_s"]
+                for r, b in zip(done, base_runs, strict=True)
+                if b["tokens_per_s"]
+            ]
+            r = {
+                "completed": min(x["completed"] for x in done),
+                "tokens_per_s": benchlib.median([x["tokens_per_s"] for x in done]),
+                "ratio": benchlib.median(ratios) if ratios else 0.0,
+                "ttft_p50_ms": benchlib.median([x["ttft_p50_ms"] for x in done]),
+                "tpot_p50_ms": benchlib.median([x["tpot_p50_ms"] for x in done]),
+                "health_max_ms": max(x["health_max_ms"] for x in done),
+            }
+            results[route][str(c)] = r
             rows.append(
                 [
                     route,
                     c,
                     f"{r['completed']}/{len(jobs[c])}",
                     benchlib.fmt_num(r["tokens_per_s"]),
-                    f"{r['tokens_per_s'] / base:.2f}x" if base else "-",
+                    f"{r['ratio']:.2f}x",
                     benchlib.fmt_num(r["ttft_p50_ms"]),
                     benchlib.fmt_num(r["tpot_p50_ms"]),
                     benchlib.fmt_num(r["health_max_ms"]),
@@ -206,12 +225,25 @@ def main() -> None:
             rows,
         )
     )
-    print(f"model {args.size}; load average before {load_before} (a shared machine)")
+    load_after = benchlib.loadavg()
+    print(
+        f"model {args.size}; {args.repeats} repeat(s), medians; load average before "
+        f"{load_before}, after {load_after} (a shared machine)"
+    )
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     (out / f"llm_openai-{stamp}.json").write_text(
-        json.dumps({"args": vars(args), "load_before": load_before, "results": results}, indent=2)
+        json.dumps(
+            {
+                "args": vars(args),
+                "load_before": load_before,
+                "load_after": load_after,
+                "results": results,
+                "runs": runs,
+            },
+            indent=2,
+        )
     )
 
 

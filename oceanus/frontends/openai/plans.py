@@ -206,6 +206,51 @@ def _tools(
     return tools, "named", name
 
 
+# Tool calls written as json.dumps writes them (free whitespace would let a model wander).
+_CALL_STYLE = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
+
+
+def _required_call(tools: list[Any], parser: Parser, parameters: dict[str, Any]) -> None:
+    """tool_choice "required": a grammar (llguidance Lark with embedded JSON schemas) that
+    lets the reply be only tool calls in the parser's format, one of the given functions each."""
+    if "guided_decoding" in parameters:
+        raise bad_request(
+            "tool_choice 'required' cannot be combined with a 'response_format'", "tool_choice"
+        )
+    arguments = "parameters" if parser.name == "llama3_json" else "arguments"
+    options = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": t["function"]["name"]},
+                arguments: t["function"].get("parameters") or {"type": "object"},
+            },
+            "required": ["name", arguments],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+    call: dict[str, Any] = {"x-guidance": _CALL_STYLE, "anyOf": options}
+    if parser.name == "mistral":
+        schema = {"x-guidance": _CALL_STYLE, "type": "array", "items": call, "minItems": 1}
+        lark = f"start: {json.dumps(parser.marker)} calls\ncalls: %json {json.dumps(schema)}"
+    elif parser.name == "hermes":
+        lark = f'start: "<tool_call>" call "</tool_call>"\ncall: %json {json.dumps(call)}'
+    else:  # llama3_json: the reply is the call's JSON
+        lark = f"start: call\ncall: %json {json.dumps(call)}"
+    if importlib.util.find_spec("llguidance") is not None:  # a schema it cannot compile: 400
+        import llguidance
+
+        matcher = llguidance.LLMatcher
+        try:
+            error = matcher.validate_grammar(matcher.grammar_from_lark(lark))
+        except Exception as exc:
+            error = str(exc)
+        if error:
+            raise bad_request(f"the tools' parameters cannot be compiled: {error}", "tools")
+    parameters["guided_decoding"] = json.dumps({"grammar": lark})
+
+
 def chat_plan(body: dict[str, Any], tokenizer: ModelTokenizer, parser: Parser | None) -> Plan:
     n, stream, include_usage = _common(body)
     messages = _messages(body)
@@ -223,6 +268,8 @@ def chat_plan(body: dict[str, Any], tokenizer: ModelTokenizer, parser: Parser | 
         parameters["logprobs"] = top or 0
     _response_format(body, parameters)
     tools, mode, named = _tools(body, parameters)
+    if mode == "required" and parser is not None and tools:
+        _required_call(tools, parser, parameters)  # without a known format: not enforced
     text = tokenizer.render_chat(messages, tools)
     count = len(tokenizer.encode(text))
     prompt = Prompt(text, count, _room(count, asked, tokenizer.context_length, "messages"))

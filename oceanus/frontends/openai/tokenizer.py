@@ -35,7 +35,9 @@ class ModelTokenizer:
     _template: Any = None
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text).ids)
+        # encode_batch gives the same ids as encode, but lets go of the GIL while it works, so
+        # the event loop runs while a worker thread tokenizes a long prompt.
+        return list(self.tokenizer.encode_batch([text])[0].ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))

@@ -24,7 +24,9 @@ CONTEXT = 96
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     repository = tmp_path_factory.mktemp("openai_llm")
-    write_llm_model(repository, "llm", engine_args={"max_model_len": CONTEXT})
+    folder = write_llm_model(repository, "llm", engine_args={"max_model_len": CONTEXT})
+    with open(folder / "config.pbtxt", "a") as config:  # tool calls in Hermes' format
+        config.write('parameters { key: "tool_call_parser" value { string_value: "hermes" } }\n')
     write_embedding_model(repository, "embedder")
     process = ServerProcess([repository])
     try:
@@ -116,6 +118,39 @@ def test_json_schema_output_parses_and_validates(client: Any) -> None:
             },
         )
     assert caught.value.body["param"] == "response_format"
+
+
+def test_required_tool_choice_always_calls(client: Any) -> None:
+    """Random weights again: only the grammar makes every reply a call of a given function."""
+    jsonschema = pytest.importorskip("jsonschema")
+    pytest.importorskip("llguidance")
+    import json
+
+    schemas = {
+        name: {
+            "type": "object",
+            "properties": {"c": {"type": "string", "maxLength": 3}},
+            "required": ["c"],
+            "additionalProperties": False,
+        }
+        for name in ("w", "t")
+    }
+    tools = [
+        {"type": "function", "function": {"name": n, "parameters": p}} for n, p in schemas.items()
+    ]
+    for seed in range(3):
+        reply = client.chat.completions.create(
+            model="llm",
+            messages=[{"role": "user", "content": "Weather?"}],
+            tools=tools,
+            tool_choice="required",
+            seed=seed,
+        )
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls", choice.message
+        assert choice.message.content is None
+        (call,) = choice.message.tool_calls
+        jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
 
 
 def _reference(folder: Any, texts: list[str]) -> Any:
