@@ -6,6 +6,7 @@ tests/core/test_response_cache_rules.py."""
 from __future__ import annotations
 
 import http.client
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -191,6 +192,13 @@ def test_bad_cache_flags_exit_2(
 def test_the_deprecated_byte_size_flag_enables_the_local_cache(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    settings, _ = parse_args(["--response-cache-byte-size=1048576"])
+    # Read at the `oceanus` logger itself: an in-process server earlier in the session may have
+    # given it its own handler and stopped propagation to the root, where caplog listens.
+    logger = logging.getLogger("oceanus")
+    logger.addHandler(caplog.handler)
+    try:
+        settings, _ = parse_args(["--response-cache-byte-size=1048576"])
+    finally:
+        logger.removeHandler(caplog.handler)
     assert settings.response_cache_size == 1048576
     assert "--response-cache-byte-size is deprecated" in caplog.text
