@@ -28,7 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import benchlib
-from llm import Job, _one_sse, make_jobs, process, server_argv, summarize
+from llm import _one_sse, process, server_argv
+from llm_inproc import Job, make_jobs, summarize
 
 ROUTES = ("generate_stream", "completions", "chat")
 
@@ -68,31 +69,7 @@ def _request(route: str, session: Any, url: str, job: Job) -> Any:
     else:
         body["messages"] = [{"role": "user", "content": job.prompt}]
         path = "/v1/chat/completions"
-    return _one_sse_usage(session, f"{url}{path}", body, tokens)
-
-
-async def _one_sse_usage(session: Any, url: str, body: dict[str, Any], parse: Any) -> Any:
-    """An OpenAI stream: first-token time from the first text chunk, tokens from the usage."""
-    began = time.perf_counter()
-    first = 0.0
-    tokens = 0
-    async with session.post(url, json=body) as response:
-        if response.status != 200:
-            raise RuntimeError(f"{url}: {response.status} {await response.text()}")
-        async for raw in response.content:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if parse(event) and not first:
-                first = time.perf_counter()
-            usage = event.get("usage")
-            if usage:
-                tokens = int(usage["completion_tokens"])
-    end = time.perf_counter()
-    from llm import Sample
-
-    return Sample((first or end) - began, end - began, tokens)
+    return _one_sse(session, f"{url}{path}", body, tokens)
 
 
 async def _run(route: str, url: str, jobs: list[Job], concurrency: int) -> dict[str, Any]:

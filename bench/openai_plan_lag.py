@@ -20,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import benchlib
-from llm import make_jobs
+from llm_inproc import make_jobs
 
 
 async def _burst(
