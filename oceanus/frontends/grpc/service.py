@@ -30,6 +30,7 @@ from oceanus.core.server import DECOUPLED_UNSUPPORTED, ServerCore
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.decoding import DECODE_ON_THREAD_BYTES
 from oceanus.frontends.grpc import codec, health
+from oceanus.frontends.grpc import responses as response_codec
 from oceanus.frontends.grpc.errors import grpc_status
 from oceanus.frontends.grpc.methods import UNARY_METHODS, Context, restricted
 from oceanus.frontends.header_forward import HeaderForward
@@ -79,13 +80,13 @@ async def _relay(
     """A decoupled model's responses to one stream request, in order; an error ends them."""
     try:
         async for response in responses:
-            outbox.put_nowait(codec.encode_stream_response(response, marked=True))
+            outbox.put_nowait(response_codec.encode_stream_response(response, marked=True))
     except asyncio.CancelledError:
         raise
     except Exception as exc:
         _, text = _failure(exc, "ModelStreamInfer")
         outbox.put_nowait(
-            codec.encode_stream_error(
+            response_codec.encode_stream_error(
                 text, request.id, request.model_name, request.model_version, final=True
             )
         )
@@ -332,7 +333,7 @@ class GrpcService:
             if self.core.tracer.active:
                 return await self._traced_infer(request, context)
             response = await self.core.infer(request, caller="ModelInfer RPC")
-            return codec.encode_infer_response(response)
+            return response_codec.encode_infer_response(response)
         except Exception as exc:
             code, message = _failure(exc, "ModelInfer")
         await context.abort(code, message)
@@ -359,7 +360,7 @@ class GrpcService:
         trace = tracer.sample(request.model_name, traceparent)
         if trace is None:
             response = await self.core.infer(request, caller="ModelInfer RPC")
-            return codec.encode_infer_response(response)
+            return response_codec.encode_infer_response(response)
         trace.capture("GRPC_WAITREAD_START", request.received_ns)
         trace.capture("GRPC_WAITREAD_END", request.received_ns)
         request.trace = trace
@@ -371,7 +372,7 @@ class GrpcService:
         context.add_done_callback(sent)
         try:
             response = await self.core.infer(request, caller="ModelInfer RPC")
-            return codec.encode_infer_response(response)
+            return response_codec.encode_infer_response(response)
         finally:
             trace.capture("GRPC_SEND_START", time.monotonic_ns())
 
@@ -443,7 +444,7 @@ class GrpcService:
             future = self.core.infer(request, caller="ModelStreamInfer RPC")
         except Exception as exc:
             _, text = _failure(exc, "ModelStreamInfer")
-            outbox.put_nowait(codec.encode_stream_error(text, request_id))
+            outbox.put_nowait(response_codec.encode_stream_error(text, request_id))
             return
         pending.add(future)
 
@@ -452,10 +453,10 @@ class GrpcService:
             if future.cancelled():
                 return
             try:
-                encoded = codec.encode_stream_response(future.result())
+                encoded = response_codec.encode_stream_response(future.result())
             except Exception as exc:
                 _, text = _failure(exc, "ModelStreamInfer")
-                encoded = codec.encode_stream_error(
+                encoded = response_codec.encode_stream_error(
                     text, request.id, request.model_name, request.model_version, final=True
                 )
             outbox.put_nowait(encoded if trace is None else (encoded, trace))

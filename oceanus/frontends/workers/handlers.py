@@ -24,6 +24,7 @@ from oceanus.core.types import InferRequest
 from oceanus.frontends.decoding import DECODE_ON_THREAD_BYTES
 from oceanus.frontends.grpc import codec as grpc_codec
 from oceanus.frontends.grpc import health
+from oceanus.frontends.grpc import responses as grpc_responses
 from oceanus.frontends.grpc.errors import grpc_status
 from oceanus.frontends.grpc.methods import SERVICE_NAME, UNARY_METHODS, Context, restricted
 from oceanus.frontends.header_forward import HeaderForward
@@ -174,7 +175,7 @@ class WorkerGrpc:
                 future = None
             if future is not None:
                 try:
-                    return grpc_codec.encode_infer_response(await future)
+                    return grpc_responses.encode_infer_response(await future)
                 except InferenceServerError as exc:
                     await context.abort(grpc_status(exc.code), exc.message)
         return await self._forwarding("ModelInfer")(data, context)
