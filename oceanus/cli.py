@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
 from oceanus import __version__
+from oceanus.cli_groups import (
+    flag,
+    grpc_options,
+    parse_bool,
+    parse_nonnegative,
+    scheduling_options,
+    trace_options,
+)
 from oceanus.core.response_cache import parse_cache_config
-from oceanus.core.scheduling.rate_limiter import ResourceLimit, parse_mode, parse_resource
-from oceanus.frontends.grpc import keepalive
 from oceanus.frontends.http.busy_poll import DEFAULT_BUDGET_US
 from oceanus.logs import LogSettings
 from oceanus.settings import Settings
@@ -61,15 +66,6 @@ def parse_workers(text: str) -> int | None:
     return count
 
 
-def parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise argparse.ArgumentTypeError(f"invalid boolean value '{text}'")
-
-
 def parse_port(text: str) -> int:
     try:
         value = int(text)
@@ -80,32 +76,10 @@ def parse_port(text: str) -> int:
     return value
 
 
-def parse_nonnegative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer '{text}'") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"value must be non-negative, got {value}")
-    return value
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """One clear line and exit code 2, not argparse's usage block."""
         self.exit(2, f"oceanus: error: {message} (see 'oceanus --help')\n")
-
-
-def _flag(parser: argparse.ArgumentParser, name: str, default: bool, help_text: str) -> None:
-    parser.add_argument(
-        name,
-        type=parse_bool,
-        nargs="?",
-        const=True,
-        default=default,
-        metavar="BOOL",
-        help=help_text,
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,12 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="default: --http-address when HTTP is served, else 0.0.0.0 (as Triton)",
     )
-    _flag(parser, "--allow-http", True, "serve HTTP/REST")
-    _flag(parser, "--allow-grpc", True, "serve gRPC")
-    _flag(parser, "--allow-metrics", True, "serve Prometheus metrics")
-    _flag(parser, "--allow-gpu-metrics", True, "report GPU metrics")
-    _flag(parser, "--allow-cpu-metrics", True, "report CPU metrics")
-    _flag(
+    flag(parser, "--allow-http", True, "serve HTTP/REST")
+    flag(parser, "--allow-grpc", True, "serve gRPC")
+    flag(parser, "--allow-metrics", True, "serve Prometheus metrics")
+    flag(parser, "--allow-gpu-metrics", True, "report GPU metrics")
+    flag(parser, "--allow-cpu-metrics", True, "report CPU metrics")
+    flag(
         parser,
         "--allow-status-page",
         True,
@@ -185,8 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BOOL",
         help="deprecated: true means --disable-auto-complete-config",
     )
-    _flag(parser, "--exit-on-error", True, "exit if any model fails to load")
-    _flag(parser, "--strict-readiness", True, "server ready only when every model is ready")
+    flag(parser, "--exit-on-error", True, "exit if any model fails to load")
+    flag(parser, "--strict-readiness", True, "server ready only when every model is ready")
     add("--exit-timeout-secs", type=parse_nonnegative, default=30)
     add("--http-max-input-size", type=parse_nonnegative, default=64 * 1024 * 1024)
     add(
@@ -243,135 +217,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--id", dest="server_id", default="triton")
     add("--log-verbose", type=parse_nonnegative, default=0)
-    _flag(parser, "--log-info", True, "log info messages")
-    _flag(parser, "--log-warning", True, "log warnings")
-    _flag(parser, "--log-error", True, "log errors")
+    flag(parser, "--log-info", True, "log info messages")
+    flag(parser, "--log-warning", True, "log warnings")
+    flag(parser, "--log-error", True, "log errors")
     add("--log-format", choices=("default", "ISO8601"), default="default")
     add("--log-file", default="")
-    _grpc_options(parser)
-    _trace_options(parser)
-    _scheduling_options(parser)
+    grpc_options(parser)
+    trace_options(parser)
+    scheduling_options(parser)
     for name in IGNORED_FLAGS:
         dest = "ignored_" + name[2:].replace("-", "_")
         add(name, dest=dest, action="append", help=argparse.SUPPRESS)
     return parser
-
-
-def _scheduling_options(parser: argparse.ArgumentParser) -> None:
-    """Rate limiter, header forwarding and model namespacing (Triton's flags)."""
-    add = parser.add_argument
-    add("--rate-limit", type=_rate_limit_mode, default="off", metavar="execution_count|off")
-    add(
-        "--rate-limit-resource",
-        type=_rate_limit_resource,
-        action="append",
-        default=[],
-        metavar="<name>:<count>[:<device>]",
-    )
-    add("--http-header-forward-pattern", type=_regex, default="", metavar="REGEX")
-    add("--grpc-header-forward-pattern", type=_regex, default="", metavar="REGEX")
-    add("--model-namespacing", type=parse_bool, default=False, metavar="BOOL")
-
-
-def _rate_limit_mode(text: str) -> str:
-    try:
-        return parse_mode(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _rate_limit_resource(text: str) -> ResourceLimit:
-    try:
-        return parse_resource(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _regex(text: str) -> str:
-    try:
-        re.compile(text)
-    except re.error as exc:
-        raise argparse.ArgumentTypeError(f"invalid regular expression '{text}': {exc}") from None
-    return text
-
-
-def _grpc_options(parser: argparse.ArgumentParser) -> None:
-    """Triton's gRPC frontend flags (times in milliseconds)."""
-    add = parser.add_argument
-    _flag(parser, "--reuse-grpc-port", False, "let several servers listen on the gRPC port")
-    add(
-        "--grpc-keepalive-time",
-        type=parse_nonnegative,
-        default=keepalive.KEEPALIVE_TIME_MS,
-        metavar="MS",
-    )
-    add(
-        "--grpc-keepalive-timeout",
-        type=parse_nonnegative,
-        default=keepalive.KEEPALIVE_TIMEOUT_MS,
-        metavar="MS",
-    )
-    _flag(
-        parser,
-        "--grpc-keepalive-permit-without-calls",
-        False,
-        "allow keepalive pings without calls in flight",
-    )
-    add(
-        "--grpc-http2-max-pings-without-data",
-        type=parse_nonnegative,
-        default=keepalive.HTTP2_MAX_PINGS_WITHOUT_DATA,
-    )
-    add(
-        "--grpc-http2-min-recv-ping-interval-without-data",
-        type=parse_nonnegative,
-        default=keepalive.HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
-        metavar="MS",
-    )
-    add(
-        "--grpc-http2-max-ping-strikes",
-        type=parse_nonnegative,
-        default=keepalive.HTTP2_MAX_PING_STRIKES,
-    )
-    add("--grpc-max-connection-age", type=parse_nonnegative, default=None, metavar="MS")
-    add("--grpc-max-connection-age-grace", type=parse_nonnegative, default=None, metavar="MS")
-    add(
-        "--grpc-restricted-protocol",
-        action="append",
-        default=[],
-        metavar="<protocols>:<key>=<value>",
-        help="RPC groups (health, metadata, inference, shared-memory, model-config, "
-        "model-repository, statistics, trace, logging) that need the metadata "
-        "'triton-grpc-protocol-<key>: <value>'",
-    )
-    _flag(parser, "--grpc-use-ssl", False, "serve gRPC over TLS")
-    _flag(parser, "--grpc-use-ssl-mutual", False, "serve gRPC over mutual TLS")
-    add("--grpc-server-cert", default="", metavar="PEM")
-    add("--grpc-server-key", default="", metavar="PEM")
-    add("--grpc-root-cert", default="", metavar="PEM")
-
-
-def _trace_options(parser: argparse.ArgumentParser) -> None:
-    """Triton's trace flags (read by oceanus/trace_flags.py)."""
-    add = parser.add_argument
-    add(
-        "--trace-config",
-        action="append",
-        default=[],
-        metavar="[<mode>,]<setting>=<value>",
-        help="trace settings: level=TIMESTAMPS|TENSORS|OFF, rate=N, count=N, "
-        "mode=triton|opentelemetry, triton,file=PATH, triton,log-frequency=N, "
-        "opentelemetry,url=URL, opentelemetry,resource=K=V (repeatable)",
-    )
-    add("--trace-level", action="append", default=[], help="deprecated: --trace-config level=")
-    add("--trace-rate", default=None, help="deprecated: --trace-config rate=")
-    add("--trace-count", default=None, help="deprecated: --trace-config count=")
-    add("--trace-file", default=None, help="deprecated: --trace-config triton,file=")
-    add(
-        "--trace-log-frequency",
-        default=None,
-        help="deprecated: --trace-config triton,log-frequency=",
-    )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[Settings, list[str]]:
