@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
-import queue
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 import orjson
+
+from oceanus.core.observability.trace_files import TraceFile, TraceWriter
 
 log = logging.getLogger("oceanus.trace")
 
@@ -97,80 +95,6 @@ class SpanExporter(Protocol):
     def export(self, trace: Trace) -> None: ...
 
     def shutdown(self) -> None: ...
-
-
-# ---- trace files --------------------------------------------------------------------------------
-
-
-class _Writer:
-    """One background thread that performs every file write, in order."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-
-    def submit(self, job: Callable[[], None]) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="oceanus-trace", daemon=True)
-            self._thread.start()
-        self._jobs.put(job)
-
-    def _run(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            try:
-                job()
-            except OSError as exc:
-                log.error("failed creating trace file: %s", exc)
-
-    def close(self) -> None:
-        if self._thread is not None:
-            self._jobs.put(None)
-            self._thread.join()
-            self._thread = None
-
-
-class TraceFile:
-    """`trace_file` (one JSON array, closed at shutdown) and its indexed siblings."""
-
-    def __init__(self, name: str, writer: _Writer) -> None:
-        self.name = name
-        self._writer = writer
-        self._index = itertools.count()
-        self._opened = False  # only touched by the writer thread
-
-    def save(self, text: str, indexed: bool) -> None:
-        if not self.name:
-            return
-        if indexed:
-            path = f"{self.name}.{next(self._index)}"
-            self._writer.submit(lambda: _write_file(path, "[" + text + "]"))
-        else:
-            self._writer.submit(lambda: self._append(text))
-
-    def _append(self, text: str) -> None:
-        with open(self.name, "a" if self._opened else "w", encoding="utf-8") as out:
-            out.write(("," if self._opened else "[") + text)
-        self._opened = True
-
-    def close(self) -> None:
-        def end() -> None:
-            if self._opened:
-                with open(self.name, "a", encoding="utf-8") as out:
-                    out.write("]")
-
-        if self.name:
-            self._writer.submit(end)
-
-
-def _write_file(path: str, text: str) -> None:
-    """Write whole or not at all: a reader never sees a half-written indexed trace file."""
-    partial = path + ".partial"
-    with open(partial, "w", encoding="utf-8") as out:
-        out.write(text)
-    os.replace(partial, path)
 
 
 # ---- settings -----------------------------------------------------------------------------------
@@ -263,7 +187,7 @@ class TraceManager:
     def __init__(self, config: TraceConfig, exporter: SpanExporter | None = None) -> None:
         self.mode = config.mode
         self.mode_options = list(config.mode_options)
-        self._writer = _Writer()
+        self._writer = TraceWriter()
         self._files: dict[str, TraceFile] = {}
         self._exporter = exporter
         self._ids = itertools.count(1)
