@@ -73,6 +73,7 @@ async def _one_sse(session: Any, url: str, body: dict[str, Any], parse: Any) -> 
     began = time.perf_counter()
     first = 0.0
     tokens = 0
+    first_tokens = 1
     async with session.post(url, json=body) as response:
         if response.status != 200:
             raise RuntimeError(f"{url}: {response.status} {await response.text()}")
@@ -84,13 +85,14 @@ async def _one_sse(session: Any, url: str, body: dict[str, Any], parse: Any) -> 
             got = parse(event)
             if got and not first:
                 first = time.perf_counter()
+                first_tokens = got
             tokens += got
             # An OpenAI stream's last chunk counts the tokens (stream_options.include_usage).
             usage = event.get("usage")
             if usage:
                 tokens = int(usage["completion_tokens"])
     end = time.perf_counter()
-    return Sample((first or end) - began, end - began, tokens)
+    return Sample((first or end) - began, end - began, tokens, first_tokens=first_tokens)
 
 
 async def _one_json(session: Any, url: str, body: dict[str, Any]) -> Sample:
@@ -472,6 +474,10 @@ def main() -> None:
                 ratios[name] = many["ttft_p99_ms"] / one["ttft_p99_ms"]
                 if phase:
                     ratios[name.replace("p99", "p50")] = many["ttft_p50_ms"] / one["ttft_p50_ms"]
+                    for q in ("p50", "p99"):
+                        ratios[name.replace("ttft_p99", f"ttft1_{q}")] = (
+                            many[f"ttft1_{q}_ms"] / one[f"ttft1_{q}_ms"]
+                        )
     for key, value in ratios.items():
         print(f"{key}: {value:.2f}x")
     out_dir = Path(__file__).parent / "results"

@@ -130,3 +130,28 @@ def test_a_newcomer_is_prefilled_in_the_very_next_step() -> None:
     engine.close()
     assert running_left[0] == 2  # both long sequences were still decoding when it came
     assert first[0] == arrived[0] + 1
+
+
+def test_requests_that_fit_are_handed_over_without_waiting_for_a_step() -> None:
+    """`wait_for_room` (the backend's call after each submit) returns while the next step can
+    admit every waiting sequence, so a burst reaches the engine at once and is admitted in one
+    step; beyond the slots it waits (the rest stay in the server's queue)."""
+    folder = cached_llm("tiny")
+    engine = Engine(EngineArgs(model=folder, tokenizer=folder, max_num_seqs=2))
+    done = threading.Semaphore(0)
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+
+    def sink(out: StepOutput) -> None:
+        if out.finished:
+            done.release()
+
+    with engine._cond:  # the step loop cannot admit anything meanwhile
+        for prompt in PROMPTS[:2]:
+            engine.submit(engine.encode(prompt), params, sink)
+            engine.wait_for_room()  # returns at once: a slot is free for each
+        assert len(engine._waiting) == 2 and engine._room_for_waiting()
+        engine.submit(engine.encode(PROMPTS[2]), params, sink)
+        assert not engine._room_for_waiting()  # two slots, three waiting: this one must wait
+    for _ in range(3):
+        assert done.acquire(timeout=60)
+    engine.close()
