@@ -359,6 +359,9 @@ class Engine:
             self._emit(done, (logits if self._keep_kw else logits[rows]).float())
 
     def _decode(self, seqs: list[Sequence]) -> None:
+        # In slot order: when the running sequences hold a run of consecutive slots (every slot
+        # busy, as under full load), the cache reads them as a view, with no gather.
+        seqs = sorted(seqs, key=lambda s: s.slot)
         tokens = [[s.generated[-1]] for s in seqs]
         starts = [len(s.prompt) + len(s.generated) - 1 for s in seqs]
         logits = self._forward(seqs, tokens, starts)
