@@ -41,11 +41,10 @@ import argparse
 import asyncio
 import contextlib
 import json
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +60,10 @@ from llm_inproc import (
     run_openvino,
     summarize,
 )
+
+# llm_openai.py (issue 26's bench) starts its servers through these.
+from llm_servers import process as process
+from llm_servers import server_argv as server_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ("oceanus", "inproc", "hf_cb", "naive", "serve", "openvino")
@@ -169,59 +172,6 @@ async def run_http(
         await asyncio.gather(*(client(session, i) for i in range(concurrency)))
         wall = time.perf_counter() - began
     return summarize(samples, wall)
-
-
-@contextlib.contextmanager
-def process(argv: list[str], port: int, health: str, log: Path) -> Iterator[str]:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    try:
-        try:
-            benchlib.wait_http_ok(f"http://127.0.0.1:{port}{health}", proc, timeout=300)
-        except (RuntimeError, TimeoutError) as exc:
-            raise RuntimeError(
-                f"{argv[:4]} did not start ({exc}): {log.read_text()[-1500:]}"
-            ) from None
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        benchlib.stop_process(proc)
-
-
-def server_argv(target: str, folder: Path, repo: Path, port: int) -> tuple[list[str], str]:
-    if target == "oceanus":
-        grpc, metrics = benchlib.free_port(), benchlib.free_port()
-        argv = [
-            sys.executable,
-            "-m",
-            "oceanus",
-            f"--model-repository={repo}",
-            f"--http-port={port}",
-            f"--grpc-port={grpc}",
-            f"--metrics-port={metrics}",
-            "--http-address=127.0.0.1",
-            "--grpc-address=127.0.0.1",
-            "--metrics-address=127.0.0.1",
-        ]
-        return argv, "/v2/health/ready"
-    if target == "naive":
-        return [
-            sys.executable,
-            str(ROOT / "bench" / "llm_naive_server.py"),
-            "--model",
-            str(folder),
-            "--port",
-            str(port),
-        ], "/health"
-    return [
-        "transformers",
-        "serve",
-        "--continuous-batching",
-        "--device",
-        "cpu",
-        "--port",
-        str(port),
-        str(folder),
-    ], "/health"
 
 
 Runner = Callable[[int], dict[int, dict[str, Any]]]
