@@ -19,11 +19,18 @@ The naive server does not stream: its time to first token is its whole latency.
 
     python bench/llm.py [--size 100m] [--concurrency 1,8,32] [--prompt-tokens 32,512]
                         [--output-tokens 64,256] [--requests 1] [--targets oceanus,inproc,...]
-                        [--max-num-batched-tokens 512] [--stagger-ms 0]
+                        [--max-num-batched-tokens 512] [--stagger-ms 0] [--warmup]
+                        [--min-requests 0] [--repeats 1]
                         [--openvino-python VENV/bin/python] [--openvino-ir-dir DIR]
 
 --stagger-ms 0 (the default) starts every client at once: a burst of `c` prompts, whose time
 to first token is bound by prefilling all of them; with N > 0 client i starts i*N ms late.
+--warmup counts each client's first request as its warm-up: the figures of those (`burst`) and
+of the rest (`steady`: the closed loop in steady state, each client sending its next request
+when one ends, as genai-perf and perf_analyzer measure a concurrency) are reported apart, beside
+the figures over all. Use it with --requests >= 2 (--min-requests gives c=1 enough samples).
+--repeats N runs every point N times, the targets alternating, and reports medians (every run
+in the JSON's `runs`).
 
 Prints a table and writes bench/results/llm-<timestamp>.json.
 """
@@ -34,17 +41,29 @@ import argparse
 import asyncio
 import contextlib
 import json
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import benchlib
-from llm_inproc import Job, Sample, make_jobs, run_hf_cb, run_inproc, run_openvino, summarize
+from llm_inproc import (
+    Job,
+    Sample,
+    make_jobs,
+    median_result,
+    run_hf_cb,
+    run_inproc,
+    run_openvino,
+    summarize,
+)
+
+# llm_openai.py (issue 26's bench) starts its servers through these.
+from llm_servers import process as process
+from llm_servers import server_argv as server_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ("oceanus", "inproc", "hf_cb", "naive", "serve", "openvino")
@@ -57,6 +76,7 @@ async def _one_sse(session: Any, url: str, body: dict[str, Any], parse: Any) -> 
     began = time.perf_counter()
     first = 0.0
     tokens = 0
+    first_tokens = 1
     async with session.post(url, json=body) as response:
         if response.status != 200:
             raise RuntimeError(f"{url}: {response.status} {await response.text()}")
@@ -68,13 +88,14 @@ async def _one_sse(session: Any, url: str, body: dict[str, Any], parse: Any) -> 
             got = parse(event)
             if got and not first:
                 first = time.perf_counter()
+                first_tokens = got
             tokens += got
             # An OpenAI stream's last chunk counts the tokens (stream_options.include_usage).
             usage = event.get("usage")
             if usage:
                 tokens = int(usage["completion_tokens"])
     end = time.perf_counter()
-    return Sample((first or end) - began, end - began, tokens)
+    return Sample((first or end) - began, end - began, tokens, first_tokens=first_tokens)
 
 
 async def _one_json(session: Any, url: str, body: dict[str, Any]) -> Sample:
@@ -86,8 +107,14 @@ async def _one_json(session: Any, url: str, body: dict[str, Any]) -> Sample:
 
 
 async def run_http(
-    target: str, url: str, model: str, jobs: list[Job], concurrency: int, stagger_s: float = 0.0
-) -> dict[str, float]:
+    target: str,
+    url: str,
+    model: str,
+    jobs: list[Job],
+    concurrency: int,
+    stagger_s: float = 0.0,
+    warmup: bool = False,
+) -> dict[str, Any]:
     import aiohttp
 
     queue = list(reversed(jobs))
@@ -129,68 +156,115 @@ async def run_http(
 
     async def client(session: Any, index: int) -> None:
         await asyncio.sleep(index * stagger_s)
+        warm = warmup
         while queue:
-            samples.append(await request(session, queue.pop()))
+            sent = time.perf_counter()
+            sample = await request(session, queue.pop())
+            sample.warm, sample.start_s, warm = warm, sent - began, False
+            samples.append(sample)
 
     timeout = aiohttp.ClientTimeout(total=3600)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    # One connection per client at most (aiohttp's default pool of 100 would not limit c32;
+    # a larger c needs the pool to grow with it).
+    connector = aiohttp.TCPConnector(limit=max(100, concurrency))
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         began = time.perf_counter()
         await asyncio.gather(*(client(session, i) for i in range(concurrency)))
         wall = time.perf_counter() - began
     return summarize(samples, wall)
 
 
-@contextlib.contextmanager
-def process(argv: list[str], port: int, health: str, log: Path) -> Iterator[str]:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    try:
+Runner = Callable[[int], dict[int, dict[str, Any]]]
+
+
+def open_targets(
+    stack: contextlib.ExitStack,
+    args: argparse.Namespace,
+    targets: list[str],
+    folder: Path,
+    repo: Path,
+    log_dir: Path,
+    jobs: dict[int, list[Job]],
+    results: dict[str, dict[str, Any]],
+) -> dict[str, Runner]:
+    """Start every target (engines loaded, servers up, each warmed by one request) and return,
+    per target, what measures it at one concurrency: all stay up until the stack closes, so
+    that repeats can alternate between them."""
+    import torch
+
+    from oceanus.backends.llm.args import EngineArgs
+    from oceanus.backends.llm.engine import Engine
+
+    stagger = args.stagger_ms / 1000
+    warmup = args.warmup
+    first = next(iter(jobs.values()))[:1]
+    runners: dict[str, Runner] = {}
+    if "inproc" in targets:
+        engine = Engine(
+            EngineArgs(
+                model=folder,
+                tokenizer=folder,
+                max_model_len=args.max_len,
+                max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_num_batched_tokens,
+            ),
+            threads=torch.get_num_threads(),
+        )
+        stack.callback(engine.close)
+        run_inproc(engine, first, 1)
+        runners["inproc"] = lambda c: {c: run_inproc(engine, jobs[c], c, stagger, warmup)}
+    if "hf_cb" in targets:
+        from transformers import AutoModelForCausalLM, GenerationConfig
+
+        model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="paged|sdpa")
+        config = GenerationConfig(
+            max_new_tokens=args.max_new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0
+        )
+        manager = model.eval().init_continuous_batching(generation_config=config)
+        manager.start()
+        stack.callback(lambda: manager.stop(block=True))
+        run_hf_cb(manager, first, 1)
+        runners["hf_cb"] = lambda c: {c: run_hf_cb(manager, jobs[c], c)}
+    if "openvino" in targets:
+        if not args.openvino_python:
+            results["openvino"]["error"] = "skipped: no --openvino-python"
+        else:
+            ir_dir = Path(args.openvino_ir_dir or folder.parent / f"{args.size}-openvino")
+            limits = [args.max_num_seqs, args.max_num_batched_tokens]
+
+            def openvino(c: int) -> dict[int, dict[str, Any]]:
+                # A process per call (it loads the converted model again, a few seconds).
+                got = run_openvino(
+                    args.openvino_python,
+                    folder,
+                    ir_dir,
+                    {c: jobs[c]},
+                    limits,
+                    args.stagger_ms,
+                    warmup,
+                )
+                return {int(level): result for level, result in got.items()}
+
+            runners["openvino"] = openvino
+    for target in ("oceanus", "naive", "serve"):
+        if target not in targets:
+            continue
+        port = benchlib.free_port()
+        argv, health = server_argv(target, folder, repo, port)
         try:
-            benchlib.wait_http_ok(f"http://127.0.0.1:{port}{health}", proc, timeout=300)
-        except (RuntimeError, TimeoutError) as exc:
-            raise RuntimeError(
-                f"{argv[:4]} did not start ({exc}): {log.read_text()[-1500:]}"
-            ) from None
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        benchlib.stop_process(proc)
+            url = stack.enter_context(process(argv, port, health, log_dir / f"{target}.log"))
+        except Exception as exc:  # a baseline that does not run here is reported, not fatal
+            results[target]["error"] = str(exc)[-500:]
+            print(f"{target}: failed: {str(exc)[-300:]}", flush=True)
+            continue
+        name = "llm" if target == "oceanus" else str(folder)
+        asyncio.run(run_http(target, url, name, first, 1))
 
+        def http(c: int, target: str = target, url: str = url, name: str = name) -> Any:
+            return {c: asyncio.run(run_http(target, url, name, jobs[c], c, stagger, warmup))}
 
-def server_argv(target: str, folder: Path, repo: Path, port: int) -> tuple[list[str], str]:
-    if target == "oceanus":
-        grpc, metrics = benchlib.free_port(), benchlib.free_port()
-        argv = [
-            sys.executable,
-            "-m",
-            "oceanus",
-            f"--model-repository={repo}",
-            f"--http-port={port}",
-            f"--grpc-port={grpc}",
-            f"--metrics-port={metrics}",
-            "--http-address=127.0.0.1",
-            "--grpc-address=127.0.0.1",
-            "--metrics-address=127.0.0.1",
-        ]
-        return argv, "/v2/health/ready"
-    if target == "naive":
-        return [
-            sys.executable,
-            str(ROOT / "bench" / "llm_naive_server.py"),
-            "--model",
-            str(folder),
-            "--port",
-            str(port),
-        ], "/health"
-    return [
-        "transformers",
-        "serve",
-        "--continuous-batching",
-        "--device",
-        "cpu",
-        "--port",
-        str(port),
-        str(folder),
-    ], "/health"
+        runners[target] = http
+    return runners
 
 
 def main() -> None:
@@ -202,6 +276,18 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", default="32,512")
     parser.add_argument("--output-tokens", default="64,256")
     parser.add_argument("--requests", type=int, default=1, help="per client")
+    parser.add_argument(
+        "--min-requests", type=int, default=0, help="at least this many at each level"
+    )
+    parser.add_argument(
+        "--warmup",
+        action="store_true",
+        help="each client's first request is a warm-up: its figures are reported apart "
+        "(`burst`) from the rest (`steady`, the closed loop in steady state)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs of every point, targets alternated; medians"
+    )
     parser.add_argument("--targets", default=",".join(TARGETS))
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument(
@@ -224,20 +310,20 @@ def main() -> None:
     low, high = (int(x) for x in args.output_tokens.split(","))
     output = (low, high)
     targets = args.targets.split(",")
-    stagger = args.stagger_ms / 1000
     load_before = benchlib.loadavg()
 
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from oceanus.backends.llm.args import EngineArgs
-    from oceanus.backends.llm.engine import Engine
     from oceanus.examples.llm import cached_llm, write_llm_model
 
     folder = cached_llm(args.size)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     max_len = prompt[1] + output[1] + 8
-    jobs = {c: make_jobs(tokenizer, c * args.requests, prompt, output) for c in levels}
+    args.max_len, args.max_new_tokens = max_len, output[1]
+    jobs = {
+        c: make_jobs(tokenizer, max(c * args.requests, args.min_requests), prompt, output)
+        for c in levels
+    }
     results: dict[str, dict[str, Any]] = {t: {} for t in targets}
     log_dir = Path(tempfile.mkdtemp(prefix="bench-llm-"))
     repo = log_dir / "repo"
@@ -252,74 +338,38 @@ def main() -> None:
         },
     )
 
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {t: {} for t in targets}
+
     def point(target: str, c: int, result: dict[str, Any]) -> None:
-        results[target][str(c)] = result
-        print(
-            f"{target:8s} c={c:<3d} {json.dumps({k: round(v, 2) for k, v in result.items()})}",
-            flush=True,
-        )
+        runs[target].setdefault(str(c), []).append(result)
+        brief: dict[str, Any] = {
+            k: round(v, 2) for k, v in result.items() if isinstance(v, float | int)
+        }
+        for phase in ("burst", "steady"):
+            if phase in result:
+                brief[phase] = {k: round(v, 1) for k, v in result[phase].items()}
+        print(f"{target:8s} c={c:<3d} {json.dumps(brief)}", flush=True)
 
-    if "inproc" in targets:
-        engine = Engine(
-            EngineArgs(
-                model=folder,
-                tokenizer=folder,
-                max_model_len=max_len,
-                max_num_seqs=args.max_num_seqs,
-                max_num_batched_tokens=args.max_num_batched_tokens,
-            ),
-            threads=torch.get_num_threads(),
-        )
-        run_inproc(engine, jobs[levels[0]][:1], 1)  # warm-up
-        for c in levels:
-            point("inproc", c, run_inproc(engine, jobs[c], c, stagger))
-        engine.close()
-    if "hf_cb" in targets:
-        from transformers import GenerationConfig
-
-        model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="paged|sdpa")
-        config = GenerationConfig(
-            max_new_tokens=output[1], do_sample=False, eos_token_id=-1, pad_token_id=0
-        )
-        manager = model.eval().init_continuous_batching(generation_config=config)
-        manager.start()
-        run_hf_cb(manager, jobs[levels[0]][:1], 1)  # warm-up
-        for c in levels:
-            point("hf_cb", c, run_hf_cb(manager, jobs[c], c))
-        manager.stop(block=True)
-        del model, manager
-    if "openvino" in targets:
-        if not args.openvino_python:
-            results["openvino"]["error"] = "skipped: no --openvino-python"
-        else:
-            ir_dir = Path(args.openvino_ir_dir or folder.parent / f"{args.size}-openvino")
-            try:
-                for level, result in run_openvino(
-                    args.openvino_python,
-                    folder,
-                    ir_dir,
-                    jobs,
-                    [args.max_num_seqs, args.max_num_batched_tokens],
-                    args.stagger_ms,
-                ).items():
-                    point("openvino", int(level), result)
-            except Exception as exc:  # reported, not fatal
-                results["openvino"]["error"] = str(exc)[-1500:]
-                print(f"openvino: failed: {str(exc)[-1500:]}", flush=True)
-    for target in ("oceanus", "naive", "serve"):
-        if target not in targets:
-            continue
-        port = benchlib.free_port()
-        argv, health = server_argv(target, folder, repo, port)
-        try:
-            with process(argv, port, health, log_dir / f"{target}.log") as url:
-                name = "llm" if target == "oceanus" else str(folder)
-                asyncio.run(run_http(target, url, name, jobs[levels[0]][:1], 1))  # warm-up
-                for c in levels:
-                    point(target, c, asyncio.run(run_http(target, url, name, jobs[c], c, stagger)))
-        except Exception as exc:  # a baseline that does not run here is reported, not fatal
-            results[target]["error"] = str(exc)[-500:]
-            print(f"{target}: failed: {str(exc)[-300:]}", flush=True)
+    with contextlib.ExitStack() as stack:
+        runners = open_targets(stack, args, targets, folder, repo, log_dir, jobs, results)
+        # Every repeat runs each level on every target, the targets' order rotated each time,
+        # so that a change in the machine's load falls on all of them alike.
+        for repeat in range(args.repeats):
+            order = list(runners)[repeat % max(len(runners), 1) :]
+            order += list(runners)[: repeat % max(len(runners), 1)]
+            for c in levels:
+                for target in order:
+                    try:
+                        for at, result in runners[target](c).items():
+                            point(target, at, result)
+                    except Exception as exc:  # reported, not fatal
+                        results[target]["error"] = str(exc)[-1500:]
+                        print(f"{target}: failed: {str(exc)[-1500:]}", flush=True)
+    for target, levels_run in runs.items():
+        for level, got in levels_run.items():
+            results[target][level] = median_result(got)
+            if len(got) > 1:
+                results[target][level]["runs"] = got
 
     rows = []
     for target in targets:
@@ -327,36 +377,57 @@ def main() -> None:
             r = results[target].get(str(c))
             if r is None:
                 continue
-            rows.append(
-                [
-                    target,
-                    c,
-                    benchlib.fmt_num(r["tokens_per_s"]),
-                    benchlib.fmt_num(r.get("ttft_p50_ms")),
-                    benchlib.fmt_num(r.get("ttft_p99_ms")),
-                    benchlib.fmt_num(r.get("tpot_p50_ms")),
-                    benchlib.fmt_num(r.get("tpot_p99_ms")),
-                ]
-            )
+            for phase, figures in (("all", r), ("steady", r.get("steady"))):
+                if figures is None:
+                    continue
+                rows.append(
+                    [
+                        target,
+                        c,
+                        phase,
+                        benchlib.fmt_num(figures["tokens_per_s"]),
+                        benchlib.fmt_num(figures.get("ttft_p50_ms")),
+                        benchlib.fmt_num(figures.get("ttft_p99_ms")),
+                        benchlib.fmt_num(figures.get("tpot_p50_ms")),
+                        benchlib.fmt_num(figures.get("tpot_p99_ms")),
+                    ]
+                )
     print(
         benchlib.table(
-            ["target", "c", "tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms"],
+            [
+                "target",
+                "c",
+                "requests",
+                "tok/s",
+                "TTFT p50 ms",
+                "TTFT p99 ms",
+                "TPOT p50 ms",
+                "TPOT p99 ms",
+            ],
             rows,
         )
     )
     ratios = {}
-    ours = results.get("oceanus", {})
-    for other in ("naive", "serve", "inproc", "hf_cb"):
-        for c in levels:
-            a, b = ours.get(str(c)), results.get(other, {}).get(str(c))
-            if a and b and b.get("tokens_per_s"):
-                ratios[f"oceanus/{other} c{c}"] = a["tokens_per_s"] / b["tokens_per_s"]
+    for ours in ("oceanus", "inproc"):
+        for other in ("naive", "serve", "inproc", "hf_cb", "openvino"):
+            for c in levels:
+                a = results.get(ours, {}).get(str(c))
+                b = results.get(other, {}).get(str(c))
+                if ours != other and a and b and b.get("tokens_per_s"):
+                    ratios[f"{ours}/{other} c{c}"] = a["tokens_per_s"] / b["tokens_per_s"]
     for target in targets:
         low_c, high_c = (results[target].get(str(c)) for c in (levels[0], levels[-1]))
-        if low_c and high_c and low_c.get("ttft_p99_ms"):
-            ratios[f"{target} ttft_p99 c{levels[-1]}/c{levels[0]}"] = (
-                high_c["ttft_p99_ms"] / low_c["ttft_p99_ms"]
-            )
+        for phase in ("", "burst", "steady"):
+            one, many = (r if not phase else (r or {}).get(phase) for r in (low_c, high_c))
+            if one and many and one.get("ttft_p99_ms"):
+                name = f"{target}{' ' + phase if phase else ''} ttft_p99 c{levels[-1]}/c{levels[0]}"
+                ratios[name] = many["ttft_p99_ms"] / one["ttft_p99_ms"]
+                if phase:
+                    ratios[name.replace("p99", "p50")] = many["ttft_p50_ms"] / one["ttft_p50_ms"]
+                    for q in ("p50", "p99"):
+                        ratios[name.replace("ttft_p99", f"ttft1_{q}")] = (
+                            many[f"ttft1_{q}_ms"] / one[f"ttft1_{q}_ms"]
+                        )
     for key, value in ratios.items():
         print(f"{key}: {value:.2f}x")
     out_dir = Path(__file__).parent / "results"
@@ -370,6 +441,9 @@ def main() -> None:
                 "prompt_tokens": prompt,
                 "output_tokens": output,
                 "requests_per_client": args.requests,
+                "min_requests": args.min_requests,
+                "warmup": args.warmup,
+                "repeats": args.repeats,
                 "stagger_ms": args.stagger_ms,
                 "max_num_batched_tokens": args.max_num_batched_tokens,
                 "loadavg_before": load_before,

@@ -6,11 +6,12 @@ Converts the Hugging Face folder once to OpenVINO IR with optimum-intel (model a
 offline, cached in --ir-dir), then for each concurrency level keeps that many requests in the
 pipeline (a new one joins when one ends, one step loop on this thread), greedy, EOS ignored,
 the same prompt token ids and output lengths as the other targets. Prints one JSON line:
-{"<c>": {"samples": [[ttft_s, e2e_s, tokens], ...], "wall_s": ...}, "versions": {...}}.
+{"<c>": {"samples": [[ttft_s, e2e_s, tokens, warm, start_s], ...], "wall_s": ...}, "versions":
+{...}} (warm: 1 for a client's first request under --warmup, start_s: when it was sent).
 
     python bench/llm_openvino.py --model DIR --ir-dir DIR --jobs FILE.json
                                  [--max-num-seqs 32] [--max-num-batched-tokens 512]
-                                 [--precision f32|bf16] [--stagger-ms 0]
+                                 [--precision f32|bf16] [--stagger-ms 0] [--warmup]
 """
 
 from __future__ import annotations
@@ -36,12 +37,19 @@ def convert(model: Path, ir_dir: Path) -> None:
 
 
 def run_level(
-    pipe: Any, ov: Any, genai: Any, jobs: list[dict[str, Any]], concurrency: int, stagger_s: float
+    pipe: Any,
+    ov: Any,
+    genai: Any,
+    jobs: list[dict[str, Any]],
+    concurrency: int,
+    stagger_s: float,
+    warmup: bool = False,
 ) -> Any:
     import numpy as np
 
     pending = list(reversed(jobs))
     live: dict[int, tuple[Any, float, list[float], int]] = {}
+    warm: set[int] = set()  # each client's first request
     samples: list[list[float]] = []
     began = time.perf_counter()
     next_id = 0
@@ -58,6 +66,8 @@ def run_level(
         ids = ov.Tensor(np.array([job["prompt_ids"]], dtype=np.int64))
         handle = pipe.add_request(next_id, ids, config)
         live[next_id] = (handle, time.perf_counter(), [0.0], 0)
+        if warmup and started < concurrency:
+            warm.add(next_id)
         next_id += 1
         started += 1
 
@@ -83,7 +93,8 @@ def run_level(
             live[rid] = (handle, start, first, count)
             status = handle.get_status()
             if status != genai.GenerationStatus.RUNNING and not handle.can_read():
-                samples.append([(first[0] or now) - start, now - start, count])
+                flag = 1 if rid in warm else 0
+                samples.append([(first[0] or now) - start, now - start, count, flag, start - began])
                 del live[rid]
                 if pending and started >= concurrency:
                     add()  # closed loop: the client sends its next request
@@ -99,6 +110,7 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
     parser.add_argument("--precision", default="f32")
     parser.add_argument("--stagger-ms", type=float, default=0.0)
+    parser.add_argument("--warmup", action="store_true", help="each client's first is apart")
     args = parser.parse_args()
     convert(args.model, args.ir_dir)
 
@@ -117,7 +129,8 @@ def main() -> None:
     run_level(pipe, ov, genai, first[:1], 1, 0.0)  # warm-up
     stagger = args.stagger_ms / 1000
     results: dict[str, Any] = {
-        c: run_level(pipe, ov, genai, jobs, int(c), stagger) for c, jobs in levels.items()
+        c: run_level(pipe, ov, genai, jobs, int(c), stagger, args.warmup)
+        for c, jobs in levels.items()
     }
     results["versions"] = {"openvino": ov.__version__, "openvino_genai": genai.__version__}
     print(json.dumps(results))

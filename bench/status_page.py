@@ -17,6 +17,7 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core.model import ModelState, ModelVersion
+from oceanus.core.observability.custom_metrics import CustomMetricRegistry
 from oceanus.core.observability.statistics import ModelStatistics
 from oceanus.frontends.metrics.status import RECENT_WINDOW_S, models
 
@@ -39,9 +40,10 @@ class Entry:
 
 
 class Core:
-    """The three things `status.models` reads, over real ModelVersions and statistics."""
+    """What `status.models` reads, over real ModelVersions and statistics."""
 
     def __init__(self, count: int) -> None:
+        self.custom_metrics = CustomMetricRegistry()  # no language model: no vllm:* figures
         self.models = {}
         for index in range(count):
             config = mc.ModelConfig(name=f"model_{index}", backend="onnxruntime", max_batch_size=8)

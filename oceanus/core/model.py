@@ -451,3 +451,31 @@ class ResponseStream:
                 self._left = True
                 if not future.done():
                     future.cancel()  # the caller left: a queued request leaves the queue
+
+
+# (stream, outputs, error, final): one response as `ResponseStream.send` takes it.
+Send = tuple[Any, dict[str, np.ndarray] | None, InferenceServerError | None, bool]
+
+
+def send_together(sends: list[Send]) -> None:
+    """Several responses, of any requests, handed to the loop in ONE wake-up (in this order).
+
+    For a backend thread that produces many responses at once (the LLM engine: one token for
+    every running request per step): a `send` each would wake the event loop once per
+    response, and on a small machine every wake-up takes the GIL and a core from the thread
+    doing the model's work. Streams that are not the core's are sent to one by one."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[Send]] = {}
+    for send in sends:
+        stream = send[0]
+        if isinstance(stream, ResponseStream):
+            by_loop.setdefault(stream._loop, []).append(send)
+        else:
+            stream.send(send[1], send[2], send[3])
+    for loop, items in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the loop closed (stopping)
+            loop.call_soon_threadsafe(_put_all, items)
+
+
+def _put_all(items: list[Send]) -> None:
+    for stream, outputs, error, final in items:
+        stream._put_outputs(outputs, error, final)

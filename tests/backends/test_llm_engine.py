@@ -91,3 +91,67 @@ def test_chunks_split_across_steps_equal_generate() -> None:
     tokens, first, prompts = run_burst(16, lengths)
     assert max(first) > 0
     assert tokens == reference(prompts, lengths)
+
+
+def test_a_newcomer_is_prefilled_in_the_very_next_step() -> None:
+    """A request arriving while others decode gets its first token from the next step: its
+    prefill shares that step with the running sequences' decode (first come, first served),
+    so it waits at most one step and its own prefill, never for the running ones to end."""
+    folder = cached_llm("tiny")
+    engine = Engine(EngineArgs(model=folder, tokenizer=folder, max_num_batched_tokens=64))
+    steps = [0]
+    engine.on_step = lambda _engine: steps.__setitem__(0, steps[0] + 1)
+    arrived = [-1]  # the step during which the newcomer was submitted
+    first = [-1]  # the step that gave it its first token
+    running_left = [0]
+    done = threading.Semaphore(0)
+    newcomer = engine.encode(PROMPTS[1])
+    short = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+
+    def late(out: StepOutput) -> None:
+        if out.token_ids and first[0] < 0:
+            first[0] = steps[0]
+        if out.finished:
+            done.release()
+
+    def running(out: StepOutput) -> None:  # on the engine thread, during a step
+        if out.num_output_tokens == 3 and arrived[0] < 0:
+            arrived[0] = steps[0]
+            running_left[0] = len(engine._running)
+            engine.submit(newcomer, short, late)
+        if out.finished:
+            done.release()
+
+    long = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    for prompt in (PROMPTS[0], PROMPTS[2]):
+        engine.submit(engine.encode(prompt), long, running)
+    for _ in range(3):
+        assert done.acquire(timeout=60)
+    engine.close()
+    assert running_left[0] == 2  # both long sequences were still decoding when it came
+    assert first[0] == arrived[0] + 1
+
+
+def test_requests_that_fit_are_handed_over_without_waiting_for_a_step() -> None:
+    """`wait_for_room` (the backend's call after each submit) returns while the next step can
+    admit every waiting sequence, so a burst reaches the engine at once and is admitted in one
+    step; beyond the slots it waits (the rest stay in the server's queue)."""
+    folder = cached_llm("tiny")
+    engine = Engine(EngineArgs(model=folder, tokenizer=folder, max_num_seqs=2))
+    done = threading.Semaphore(0)
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+
+    def sink(out: StepOutput) -> None:
+        if out.finished:
+            done.release()
+
+    with engine._cond:  # the step loop cannot admit anything meanwhile
+        for prompt in PROMPTS[:2]:
+            engine.submit(engine.encode(prompt), params, sink)
+            engine.wait_for_room()  # returns at once: a slot is free for each
+        assert len(engine._waiting) == 2 and engine._room_for_waiting()
+        engine.submit(engine.encode(PROMPTS[2]), params, sink)
+        assert not engine._room_for_waiting()  # two slots, three waiting: this one must wait
+    for _ in range(3):
+        assert done.acquire(timeout=60)
+    engine.close()

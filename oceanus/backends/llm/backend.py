@@ -34,6 +34,7 @@ from oceanus.core.backend import (
     ResponseStream,
 )
 from oceanus.core.errors import InferenceServerError, invalid_arg
+from oceanus.core.model import Send, send_together
 
 log = logging.getLogger("oceanus.backends.llm")
 
@@ -141,6 +142,11 @@ class LlmInstance(RequestInstance):
         args = read_engine_args(context.files.version_dir, config.name)
         started = time.monotonic()
         self.engine = Engine(args, threads=args.num_threads or context.spec.cpu_threads)
+        # The responses of one forward pass (a token for each running request) go to the event
+        # loop together, in one wake-up, not one per request (filled and emptied on the engine
+        # thread only).
+        self._outbox: list[Send] = []
+        self.engine.on_flush = self._flush
         log.info(
             "model '%s': LLM engine ready in %.1f s (%s, max_model_len %d, %d slots, "
             "KV budget %d tokens, prefill chunk %d)",
@@ -157,6 +163,11 @@ class LlmInstance(RequestInstance):
             version = context.files.version_dir.name
             self.metrics = LlmMetrics(context.server.custom_metrics, config.name, version)
             self.metrics.watch(self.engine)
+
+    def _flush(self) -> None:
+        if self._outbox:
+            sends, self._outbox = self._outbox, []
+            send_together(sends)
 
     def close(self) -> None:
         self.engine.close()
@@ -222,21 +233,22 @@ class LlmInstance(RequestInstance):
                 state.first_ns = now
             state.last_ns = now
         if out.error is not None:
-            state.stream.send(None, out.error, True)
+            self._outbox.append((state.stream, None, out.error, True))
             return
         if out.logprobs:
             state.logprobs.extend(out.logprobs)
         if state.streaming:
             if not out.text and not out.finished:
                 return  # held back (half a UTF-8 character): nothing to say yet
-            state.stream.send(self._outputs(state, out, out.text), None, out.finished)
+            outputs = self._outputs(state, out, out.text)
+            self._outbox.append((state.stream, outputs, None, out.finished))
             state.tokens_sent = out.num_output_tokens
             state.logprobs.clear()
             return
         state.pieces.append(out.text)
         if out.finished:
             text = state.prepend + "".join(state.pieces)
-            state.stream.send(self._outputs(state, out, text), None, True)
+            self._outbox.append((state.stream, self._outputs(state, out, text), None, True))
 
     def _outputs(self, state: _Request, out: StepOutput, text: str) -> dict[str, np.ndarray]:
         result: dict[str, np.ndarray] = {

@@ -87,6 +87,9 @@ class EngineCounters:
 # Called when a sequence ends: (sequence, finish reason); and after every step.
 FinishHook = Callable[[Sequence, str], None]
 StepHook = Callable[["Engine"], None]
+# Called after every batch of sink calls (a forward pass's outputs, a step's or close's aborts):
+# a sink may hold what it was given and pass the whole batch on at once (backend.py does).
+FlushHook = Callable[[], None]
 
 
 class Engine:
@@ -134,6 +137,7 @@ class Engine:
         self.counters = EngineCounters(budget_tokens=self.budget)
         self.on_finish: FinishHook | None = None
         self.on_step: StepHook | None = None
+        self.on_flush: FlushHook | None = None
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
         self._free = list(range(self.slots - 1, -1, -1))  # pop() gives the lowest slot
@@ -186,11 +190,23 @@ class Engine:
         return seq
 
     def wait_for_room(self) -> None:
-        """Block until every submitted sequence is admitted (the caller then submits more): the
-        backend calls this so that requests beyond the budget wait in the server's queue."""
+        """Block while the next step could not admit every submitted sequence (a slot each and
+        their KV reservations within the budget): the backend calls this after submitting, so
+        that requests beyond the budget wait in the server's queue, while requests that fit
+        are submitted at once. (Waiting for the admission itself would let the server hand
+        over one request per step: the 32nd of a burst would wait 31 steps to be admitted.)"""
         with self._cond:
-            while self._waiting and not self._closed:
+            while self._waiting and not self._closed and not self._room_for_waiting():
                 self._cond.wait()
+
+    def _room_for_waiting(self) -> bool:
+        """Under the lock: whether `_admit` will take every waiting sequence."""
+        if len(self._waiting) > len(self._free):
+            return False
+        need = sum(s.reserved for s in self._waiting)
+        return self.counters.reserved_tokens + need <= self.budget or (
+            not self._running and len(self._waiting) == 1
+        )
 
     def close(self) -> None:
         with self._cond:
@@ -210,6 +226,7 @@ class Engine:
                         self._cond.wait()
                     if self._closed:
                         self._abort_all()
+                        self._flush()
                         return
                     self._admit()
                 try:
@@ -221,6 +238,11 @@ class Engine:
                     error = internal(f"generation failed: {exc}")
                     for seq in list(self._running):
                         self._finish(seq, "abort", error)
+                self._flush()
+
+    def _flush(self) -> None:
+        if self.on_flush is not None:
+            self.on_flush()
 
     def _admit(self) -> None:
         """Under the lock."""
@@ -337,6 +359,9 @@ class Engine:
             self._emit(done, (logits if self._keep_kw else logits[rows]).float())
 
     def _decode(self, seqs: list[Sequence]) -> None:
+        # In slot order: when the running sequences hold a run of consecutive slots (every slot
+        # busy, as under full load), the cache reads them as a view, with no gather.
+        seqs = sorted(seqs, key=lambda s: s.slot)
         tokens = [[s.generated[-1]] for s in seqs]
         starts = [len(s.prompt) + len(s.generated) - 1 for s in seqs]
         logits = self._forward(seqs, tokens, starts)
@@ -357,6 +382,7 @@ class Engine:
                     logits[row], seq.params, seq.prompt, seq.generated, self.eos, seq.generator
                 )
             self._advance(seq, choice)
+        self._flush()  # a prefill's first tokens leave before the decode pass that follows
 
     def _advance(self, seq: Sequence, choice: Choice) -> None:
         params = seq.params

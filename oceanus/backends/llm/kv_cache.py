@@ -92,9 +92,12 @@ class SlotCache(Cache):
         if self._contiguous is not None:
             start, end = self._contiguous
             return keys[start:end, :, : self._kv_len], values[start:end, :, : self._kv_len]
+        # Cut to the cells read before gathering the rows: the copy is then `kv_len` cells per
+        # row, not the slot's whole capacity (max_model_len + a prefill chunk).
+        rows = self._rows[:, 0]
         return (
-            keys.index_select(0, self._rows[:, 0])[:, :, : self._kv_len],
-            values.index_select(0, self._rows[:, 0])[:, :, : self._kv_len],
+            keys[:, :, : self._kv_len].index_select(0, rows),
+            values[:, :, : self._kv_len].index_select(0, rows),
         )
 
     def get_seq_length(self, layer_idx: int = 0) -> int:

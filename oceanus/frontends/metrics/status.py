@@ -21,6 +21,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from oceanus import __version__
 from oceanus.core.errors import InferenceServerError
 from oceanus.core.model import ModelEntry, ModelVersion
+from oceanus.core.observability.custom_metrics import HISTOGRAM, CustomMetricRegistry
 from oceanus.core.observability.statistics import ModelStatistics
 from oceanus.core.server import ServerCore, display_name
 from oceanus.frontends.metrics.collector import shm_figures
@@ -33,6 +34,19 @@ RECENT_WINDOW_S = 10.0
 QUANTILES = (0.5, 0.99)
 # How often the repositories are listed for folders no model was loaded from (explicit mode).
 FOLDER_SCAN_S = 5.0
+# A language model's figures: the vLLM families its backend keeps in the custom-metric registry
+# (the LLM backend's, or a Python model's that names them as Triton's vLLM backend does),
+# labelled by model and version; the page turns the cumulative ones into tokens/s and means.
+LLM_FAMILIES = {
+    "vllm:generation_tokens_total": "generation_tokens",
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:time_to_first_token_seconds": "ttft",
+    "vllm:time_per_output_token_seconds": "tpot",
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+}
+LlmFigures = dict[tuple[str, str], dict[str, Any]]
 
 
 def _config_summary(config: mc.ModelConfig) -> dict[str, Any]:
@@ -57,7 +71,27 @@ def _latency(stats: ModelStatistics) -> dict[str, float | None]:
     return {"p50_us": p50, "p99_us": p99, "window_s": RECENT_WINDOW_S}
 
 
-def _statistics(version: ModelVersion, cached: bool) -> dict[str, Any]:
+def language_models(registry: CustomMetricRegistry) -> LlmFigures:
+    """(model, version) -> its vLLM figures: counters and gauges as numbers, histograms as
+    `{"count", "sum_s"}` (cumulative; the page differences them between polls)."""
+    out: LlmFigures = {}
+    for family in registry.snapshot():
+        field = LLM_FAMILIES.get(family.name)
+        if field is None:
+            continue
+        for sample in family.samples:
+            key = (sample.labels.get("model", ""), sample.labels.get("version", ""))
+            figures = out.setdefault(key, {})
+            if family.kind == HISTOGRAM:
+                figures[field] = {"count": sample.count, "sum_s": sample.value}
+            else:
+                figures[field] = sample.value
+    return out
+
+
+def _statistics(
+    version: ModelVersion, cached: bool, llm: dict[str, Any] | None = None
+) -> dict[str, Any]:
     stats = version.stats
     return {
         "success": stats.success.count,
@@ -80,10 +114,13 @@ def _statistics(version: ModelVersion, cached: bool) -> dict[str, Any]:
             {"hits": stats.cache_hit.count, "misses": stats.cache_miss.count} if cached else None
         ),
         "latency": _latency(stats),
+        "llm": llm,  # a language model's tokens and times (None for other models)
     }
 
 
-def _version_entry(core: ServerCore, key: str, version: ModelVersion) -> dict[str, Any]:
+def _version_entry(
+    core: ServerCore, key: str, version: ModelVersion, llm: LlmFigures
+) -> dict[str, Any]:
     item: dict[str, Any] = {
         "key": key,
         "name": version.name,
@@ -93,7 +130,8 @@ def _version_entry(core: ServerCore, key: str, version: ModelVersion) -> dict[st
         **_config_summary(version.config),
     }
     if version.ready:
-        item["stats"] = _statistics(version, core.cache_enabled(version))
+        figures = llm.get((version.name, version.version_str))
+        item["stats"] = _statistics(version, core.cache_enabled(version), figures)
     return item
 
 
@@ -103,10 +141,11 @@ def models(core: ServerCore, folders: Iterable[str] = ()) -> list[dict[str, Any]
     for each version that exists. `key` tells models of one name in several repositories apart
     (--model-namespacing); `name` is the name the API shows."""
     out: list[dict[str, Any]] = []
+    llm = language_models(core.custom_metrics)
     for key in sorted(set(folders) | set(core.models)):
         entry: ModelEntry | None = core.models.get(key)
         if entry is not None and entry.versions:
-            out.extend(_version_entry(core, key, v) for _, v in sorted(entry.versions.items()))
+            out.extend(_version_entry(core, key, v, llm) for _, v in sorted(entry.versions.items()))
             continue
         # never loaded (explicit mode), unloaded, or failed before any version existed
         error = entry.error if entry is not None else ""

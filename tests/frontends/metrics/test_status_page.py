@@ -5,6 +5,8 @@ desktop window. Plus `/status.json` itself and `--allow-status-page=false`."""
 from __future__ import annotations
 
 import http.client
+import importlib.util
+import json
 import os
 import shutil
 import threading
@@ -23,6 +25,8 @@ from tests.frontends.metrics import browser as chromium_browser
 
 BROKEN = "broken_model_whose_name_is_long_enough_to_wrap_on_a_phone_screen"
 CACHED = "simple_cached"
+LLM = "llm_tiny"  # served when the llm extra is installed (torch, transformers)
+HAVE_LLM = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
 # Screenshots land here too when it is set (docs/status-page.md's pictures are made this way).
 SCREENSHOT_DIR = os.environ.get("OCEANUS_SCREENSHOT_DIR", "")
 
@@ -36,9 +40,9 @@ def get(port: int, path: str) -> tuple[int, dict[str, str], bytes]:
 
 @pytest.fixture(scope="module")
 def status_repository(model_repository: Path, tmp_path_factory: Any) -> Path:
-    """The small example models, one copy of `simple` that uses the response cache, and one
+    """The small example models, one copy of `simple` that uses the response cache, one
     model that fails to load, naming an input its file does not have (its long name and error
-    must wrap, not overflow)."""
+    must wrap, not overflow), and the tiny language model when the llm extra is there."""
     root = tmp_path_factory.mktemp("status-repo")
     for name in TEST_MODELS:
         (root / name).symlink_to(model_repository / name, target_is_directory=True)
@@ -52,6 +56,10 @@ def status_repository(model_repository: Path, tmp_path_factory: Any) -> Path:
         f'name: "{BROKEN}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
         'input [ { name: "NOT_AN_INPUT" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
     )
+    if HAVE_LLM:
+        from oceanus.examples.llm import write_llm_model
+
+        write_llm_model(root, LLM)
     return root
 
 
@@ -287,6 +295,44 @@ def test_browser_shows_the_cache_hit_rate(status_server: Any, browser: Any) -> N
     wait_for(browser, lambda d: "hit rate 66.7 %" in card_text(d, CACHED, "cache"))
     assert "2 hits, 1 misses" in card_text(browser, CACHED, "cache")
     assert card_text(browser, "simple", "cache") == ""  # no cache, no line
+
+
+def generate(url: str, prompt: str) -> None:
+    host, port = url.split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    params = {"max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    body = json.dumps({"text_input": prompt, **params})
+    connection.request("POST", f"/v2/models/{LLM}/generate", body)
+    response = connection.getresponse()
+    assert response.status == 200, response.read()
+    response.read()
+    connection.close()
+
+
+def test_browser_shows_a_language_models_tokens_and_token_times(
+    status_server: Any, browser: Any
+) -> None:
+    if not HAVE_LLM:
+        pytest.skip("the llm extra (torch, transformers) is not installed")
+    browser.set_window_size(1280, 900)
+    browser.get(f"http://127.0.0.1:{status_server.metrics_port}/")
+    wait_for(browser, lambda d: card_text(d, LLM, "state") == "READY")
+    # other models have no such figures: their boxes are not displayed
+    hidden = "return document.querySelector(`[data-model='simple'] [data-field='tokens-rate']`)"
+    assert browser.execute_script(hidden + ".offsetParent === null;")
+
+    def tokens_per_s(driver: Any) -> float:
+        generate(status_server.http_url, "The ocean covers")  # keep tokens coming
+        try:
+            return float(card_text(driver, LLM, "tokens-rate").replace(",", ""))
+        except ValueError:
+            return -1.0
+
+    wait_for(browser, lambda d: tokens_per_s(d) > 0)
+    for field in ("ttft", "tpot"):
+        assert card_text(browser, LLM, field).endswith(("µs", "ms", "s")), field
+    assert card_text(browser, LLM, "sequences") == "0 · 0"
+    assert "prompt" in card_text(browser, LLM, "llm-note")
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core.model import ModelState, ModelVersion
+from oceanus.core.observability.custom_metrics import CustomMetricRegistry
 from oceanus.core.observability.statistics import ModelStatistics
 from oceanus.frontends.metrics.page import ASSETS, load_assets
 from oceanus.frontends.metrics.process import (
@@ -111,11 +112,13 @@ class FakeEntry:
 
 
 class Core:
-    """What `status.models` reads of the ServerCore: the model entries and the cache."""
+    """What `status.models` reads of the ServerCore: the model entries, the cache and the
+    custom metrics (a language model's figures)."""
 
     def __init__(self, *entries: FakeEntry, cached: str = "") -> None:
         self.models = {e.name: e for e in entries}
         self.cached = cached
+        self.custom_metrics = CustomMetricRegistry()
 
     def cache_enabled(self, model: ModelVersion) -> bool:
         return model.name == self.cached
@@ -163,6 +166,7 @@ def test_models_document_reads_the_statistics() -> None:
     assert got["ns"]["queue"] == 5 * 1000 + 100
     # the window started with this document: nothing in it yet
     assert got["latency"]["p50_us"] is None
+    assert got["llm"] is None  # not a language model
 
 
 def test_assets_ship_with_the_package() -> None:

@@ -149,6 +149,15 @@
     const [p99Box, p99Value] = metric("p99", "p99");
     const [pendingBox, pendingValue] = metric("in flight", "pending");
     live.append(rateBox, p50Box, p99Box, pendingBox);
+    // A language model's figures (stats.llm, its vLLM metrics): shown only for such models.
+    const llmBox = el("div", "live hidden");
+    const [tokensBox, tokensValue] = metric("output tokens/s", "tokens-rate");
+    const [ttftBox, ttftValue] = metric("first token", "ttft");
+    const [tpotBox, tpotValue] = metric("per output token", "tpot");
+    const [seqBox, seqValue] = metric("running · waiting", "sequences");
+    llmBox.append(tokensBox, ttftBox, tpotBox, seqBox);
+    const llmNote = el("div", "hist-note hidden");
+    llmNote.dataset.field = "llm-note";
     const spark = svg("svg", { class: "spark", viewBox: `0 0 ${HISTORY_S} 20`, preserveAspectRatio: "none", "aria-hidden": "true" });
     const area = svg("polygon", { class: "area" });
     const line = svg("polyline", { "vector-effect": "non-scaling-stroke" });
@@ -190,13 +199,14 @@
     const cache = el("div", "counts hidden");
     cache.dataset.field = "cache";
 
-    body.append(live, spark, splitTitle, splitBar, legend, histTitle, histBars, histLabels, histNote, failTitle, failures, cache);
+    body.append(live, llmBox, llmNote, spark, splitTitle, splitBar, legend, histTitle, histBars, histLabels, histNote, failTitle, failures, cache);
     root.append(header, meta, reason, idle, body);
     return {
       root, state, meta, reason, idle, body, rateValue, p50Value, p99Value, pendingValue,
       line, area, segments, legendValues, histBars, histLabels, histNote, histTitle, bins: "",
       splitTitle,
       failValues, cache,
+      llmBox, llmNote, tokensValue, ttftValue, tpotValue, seqValue,
     };
   }
 
@@ -299,6 +309,28 @@
     }
   }
 
+  // A histogram's mean (µs) over the last WINDOW_S seconds, or since load when none ended then.
+  function llmMean(list, field) {
+    const get = (s) => (s.llm && s.llm[field]) || { count: 0, sum_s: 0 };
+    const { value: count, latest, old } = change(list, WINDOW_S, (s) => get(s).count);
+    const now = get(latest);
+    if (count > 0) return { us: (1e6 * (now.sum_s - get(old).sum_s)) / count, recent: true };
+    return { us: now.count > 0 ? (1e6 * now.sum_s) / now.count : null, recent: false };
+  }
+
+  function drawLlm(card, list, llm) {
+    const tokens = rate(list, RATE_SPAN_S, (s) => (s.llm ? s.llm.generation_tokens || 0 : 0));
+    const prompt = rate(list, RATE_SPAN_S, (s) => (s.llm ? s.llm.prompt_tokens || 0 : 0));
+    const ttft = llmMean(list, "ttft");
+    const tpot = llmMean(list, "tpot");
+    card.tokensValue.textContent = fmtRate(tokens === null ? 0 : tokens);
+    card.ttftValue.textContent = fmtUs(ttft.us);
+    card.tpotValue.textContent = fmtUs(tpot.us);
+    card.seqValue.textContent = `${number.format(llm.running || 0)} · ${number.format(llm.waiting || 0)}`;
+    const kv = llm.kv_cache_usage === undefined ? "" : ` · KV cache ${decimal.format(100 * llm.kv_cache_usage)} % reserved`;
+    card.llmNote.textContent = `token times: means ${ttft.recent || tpot.recent ? `of the last ${WINDOW_S} s` : "since load"} · prompt ${fmtRate(prompt === null ? 0 : prompt)} tokens/s${kv}`;
+  }
+
   function drawSpark(card, list) {
     const points = [];
     const now = list[list.length - 1].t;
@@ -338,6 +370,9 @@
     card.p50Value.textContent = fmtUs(stats.latency && stats.latency.p50_us);
     card.p99Value.textContent = fmtUs(stats.latency && stats.latency.p99_us);
     card.pendingValue.textContent = number.format(stats.pending);
+    card.llmBox.classList.toggle("hidden", !stats.llm);
+    card.llmNote.classList.toggle("hidden", !stats.llm);
+    if (stats.llm) drawLlm(card, list, stats.llm);
     if (used) {
       drawSpark(card, list);
       drawSplit(card, list);
