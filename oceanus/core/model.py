@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.core import classification, datatypes
+from oceanus.core import classification, datatypes, heap
 from oceanus.core.clock import MONOTONIC, Clock
 from oceanus.core.errors import ErrorCode, InferenceServerError, unavailable
 from oceanus.core.observability.statistics import ModelStatistics
@@ -111,6 +111,7 @@ class ModelVersion:
         self._loop = asyncio.get_running_loop()
         self._workers = workers
         self.state = ModelState.READY
+        heap.after_load()
 
     def healthy(self) -> bool:
         """Ready, and every instance able to execute (a Python model's crashed stub being
@@ -323,6 +324,7 @@ class ModelVersion:
             self.scheduler.close()
             self.scheduler.stop_workers()
         self.state = ModelState.UNAVAILABLE
+        heap.after_unload(getattr(self, "_loop", None))  # None: never started (an ensemble)
 
 
 @dataclass

@@ -29,6 +29,7 @@ def needs_row_work(params: SamplingParams) -> bool:
         and params.logprobs is None
         and params.min_tokens == 0
         and params.guided is None
+        and not params.logit_bias
     )
 
 
@@ -41,6 +42,11 @@ def choose(
     generator: torch.Generator | None,
 ) -> Choice:
     """`logits`: this sequence's float32 `[vocab]` row (modified in place)."""
+    if params.logit_bias:  # ids beyond the model's rows change nothing (the frontend refuses them)
+        pairs = [(t, b) for t, b in params.logit_bias if t < logits.numel()]
+        if pairs:
+            tokens = torch.tensor([t for t, _ in pairs], dtype=torch.long)
+            logits[tokens] += torch.tensor([b for _, b in pairs], dtype=logits.dtype)
     if params.repetition_penalty != 1.0:
         seen = torch.tensor(sorted(set(prompt) | set(generated)), dtype=torch.long)
         picked = logits[seen]

@@ -29,6 +29,8 @@ class SamplingParams:
     logprobs: int | None = None  # how many top alternatives per token (0: only the chosen one)
     # Structured output: the llguidance grammar compiled from `guided_decoding` (guide.py).
     guided: str | None = None
+    # (token id, bias) pairs added to the logits before anything else (OpenAI's logit_bias).
+    logit_bias: tuple[tuple[int, float], ...] = ()
     # Keys vLLM accepts that this engine does not act on (kept so a request is not refused).
     ignored: tuple[str, ...] = field(default=())
 
@@ -115,6 +117,8 @@ def parse_sampling_parameters(text: str | bytes | None) -> SamplingParams:
 
             text = value if isinstance(value, str) else json.dumps(value)
             values["guided"] = grammar_of(text)
+        elif name == "logit_bias":
+            values[name] = _logit_bias(value)
         elif name in _IGNORED:
             ignored.append(name)
         else:
@@ -122,6 +126,19 @@ def parse_sampling_parameters(text: str | bytes | None) -> SamplingParams:
     params = SamplingParams(**values, ignored=tuple(ignored))
     _check(params)
     return params
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """{token id: bias}; ids may be strings, as JSON object keys are."""
+    if not isinstance(value, dict):
+        raise invalid_arg("sampling parameter 'logit_bias' must be an object of token id: bias")
+    pairs = []
+    for key, bias in value.items():
+        token = _number("logit_bias", key, int)
+        if token < 0:
+            raise invalid_arg(f"sampling parameter 'logit_bias' has a negative token id: {key!r}")
+        pairs.append((token, float(_number("logit_bias", bias, float))))
+    return tuple(pairs)
 
 
 def _check(p: SamplingParams) -> None:
@@ -144,6 +161,8 @@ def _check(p: SamplingParams) -> None:
         value = getattr(p, name)
         if not -2 <= value <= 2:
             problems.append(f"{name} must be in [-2, 2], got {value}")
+    if any(not -100 <= bias <= 100 for _, bias in p.logit_bias):
+        problems.append("logit_bias values must be in [-100, 100]")
     if p.logprobs is not None and p.logprobs < 0:
         problems.append(f"logprobs must be non-negative, got {p.logprobs}")
     if problems:

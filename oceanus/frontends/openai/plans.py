@@ -263,7 +263,7 @@ def chat_plan(body: dict[str, Any], tokenizer: ModelTokenizer, parser: Parser | 
         raise bad_request("'top_logprobs' must be at most 20", "top_logprobs")
     if top is not None and not logprobs:
         raise bad_request("'top_logprobs' needs 'logprobs' to be true", "top_logprobs")
-    parameters = sampling.sampling_parameters(body, None)
+    parameters = sampling.sampling_parameters(body, None, tokenizer.vocab_size)
     if logprobs:
         parameters["logprobs"] = top or 0
     _response_format(body, parameters)
@@ -332,7 +332,9 @@ def completion_plan(body: dict[str, Any], tokenizer: ModelTokenizer | None) -> P
     top = sampling.positive_int(body, "logprobs", 0)
     if top is not None and top > 5:
         raise bad_request("'logprobs' must be at most 5", "logprobs")
-    parameters = sampling.sampling_parameters(body, None)
+    parameters = sampling.sampling_parameters(
+        body, None, tokenizer.vocab_size if tokenizer else None
+    )
     if top is not None:
         parameters["logprobs"] = top
     _response_format(body, parameters)

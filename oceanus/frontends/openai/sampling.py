@@ -16,7 +16,7 @@ from oceanus.frontends.openai.errors import bad_request
 _NUMBERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 _EXTRAS = ("top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos")
 # Fields OpenAI defines that change nothing here (accepted, not refused).
-IGNORED = ("user", "store", "metadata", "service_tier", "parallel_tool_calls", "logit_bias")
+IGNORED = ("user", "store", "metadata", "service_tier", "parallel_tool_calls")
 
 
 def _number(body: dict[str, Any], key: str, low: float, high: float) -> float | None:
@@ -50,7 +50,9 @@ def stop_list(body: dict[str, Any]) -> list[str]:
     raise bad_request("'stop' must be a string or a list of at most 16 strings", "stop")
 
 
-def sampling_parameters(body: dict[str, Any], max_tokens: int | None) -> dict[str, Any]:
+def sampling_parameters(
+    body: dict[str, Any], max_tokens: int | None, vocab_size: int | None = None
+) -> dict[str, Any]:
     """The `sampling_parameters` document (vLLM's SamplingParams names)."""
     parameters: dict[str, Any] = {}
     limits = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}
@@ -70,9 +72,44 @@ def sampling_parameters(body: dict[str, Any], max_tokens: int | None) -> dict[st
     for key in _EXTRAS:
         if body.get(key) is not None:
             parameters[key] = body[key]
+    bias = logit_bias(body, vocab_size)
+    if bias:
+        parameters["logit_bias"] = bias
     if max_tokens is not None:
         parameters["max_tokens"] = max_tokens
     return parameters
+
+
+def logit_bias(body: dict[str, Any], vocab_size: int | None) -> dict[str, float]:
+    """OpenAI's `logit_bias`: token id (a JSON key, so text) -> a bias in [-100, 100] added to
+    that token's logit; ids the model's tokenizer does not have are a 400, as OpenAI's."""
+    value = body.get("logit_bias")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise bad_request("'logit_bias' must be an object of token id: bias", "logit_bias")
+    bias: dict[str, float] = {}
+    for key, number in value.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise bad_request(
+                f"'logit_bias' keys must be token ids, got {key!r}", "logit_bias"
+            ) from None
+        if token < 0 or (vocab_size is not None and token >= vocab_size):
+            raise bad_request(
+                f"'logit_bias' names a token id out of the vocabulary: {token}", "logit_bias"
+            )
+        if (
+            isinstance(number, bool)
+            or not isinstance(number, (int, float))
+            or not -100 <= number <= 100
+        ):
+            raise bad_request(
+                f"'logit_bias' values must be numbers in [-100, 100], got {number!r}", "logit_bias"
+            )
+        bias[str(token)] = float(number)
+    return bias
 
 
 def _bool(name: str, value: bool) -> Tensor:

@@ -39,6 +39,11 @@ class ModelTokenizer:
         # the event loop runs while a worker thread tokenizes a long prompt.
         return list(self.tokenizer.encode_batch([text])[0].ids)
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids run below this (added and special tokens included)."""
+        return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
+
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
 

@@ -197,3 +197,39 @@ def test_embeddings_float_base64_and_dimensions(client: Any) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client.embeddings.create(model="llm", input="x")  # a generating model does not embed
     assert caught.value.status_code == 400
+
+
+def test_logit_bias_forces_and_bans_tokens(client: Any) -> None:
+    from tokenizers import Tokenizer
+
+    from oceanus.examples.llm import cached_llm
+
+    tokenizer = Tokenizer.from_file(str(cached_llm("tiny") / "tokenizer.json"))
+    ask = {"model": "llm", "prompt": "The weather", "max_tokens": 4, "temperature": 0}
+    ask["extra_body"] = {"ignore_eos": True}
+    plain = client.completions.create(**ask, logprobs=0)
+    forced = tokenizer.token_to_id("Ġthe")  # " the"
+    assert forced is not None
+    reply = client.completions.create(**ask, logit_bias={str(forced): 100})
+    assert reply.choices[0].text == tokenizer.decode([forced] * 4)
+    # -100 on the tokens of the plain reply: the greedy choice must be another token
+    banned = {str(t): -100 for t in tokenizer.encode(plain.choices[0].text).ids}
+    other = client.completions.create(**ask, logprobs=0, logit_bias=banned)
+    assert other.choices[0].logprobs.tokens[0] != plain.choices[0].logprobs.tokens[0]
+    chat = client.chat.completions.create(
+        model="llm",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=3,
+        temperature=0,
+        logit_bias={str(forced): 100},
+        extra_body={"ignore_eos": True},
+    )
+    assert chat.choices[0].message.content == tokenizer.decode([forced] * 3)
+    for bias, words in (
+        ({str(tokenizer.get_vocab_size()): 1}, "out of the vocabulary"),
+        ({str(forced): 101}, "in [-100, 100]"),
+    ):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.completions.create(**ask, logit_bias=bias)
+        assert words in caught.value.body["message"]
+        assert caught.value.body["param"] == "logit_bias"
