@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -182,18 +182,6 @@ class RequestInstance(BackendInstance):
 
     @abstractmethod
     def execute_requests(self, jobs: Sequence[RequestJob]) -> RequestsResult: ...
-
-    def start_requests(
-        self,
-        jobs: Sequence[RequestJob],
-        done: Callable[[RequestsResult | InferenceServerError], None],
-    ) -> bool:
-        """Optional loop-driven execution, for an instance whose work happens elsewhere (a
-        Python model's stub process): called on the event loop, it starts the batch without
-        blocking and returns True, and later calls `done` once, on the event loop, with the
-        result; False: the batch runs on the instance's thread (`execute_requests`) instead.
-        It saves the two thread hand-offs per batch (core/scheduling/instance.py)."""
-        return False
 
 
 class Backend(ABC):

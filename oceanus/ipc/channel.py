@@ -206,8 +206,7 @@ class Mailbox:
             else:
                 self._nap.wait(max(self._standby_after - idle, 0.001))
 
-    def _read_one(self, timeout: float | None, wakeable: bool = False) -> bool:
-        """Read and dispatch one message (True), or none (timeout, wake-up, end of file)."""
+    def _read_one(self, timeout: float | None, wakeable: bool = False) -> None:
         message = None
         eof = False
         try:
@@ -226,21 +225,6 @@ class Mailbox:
                 self.cond.notify_all()
         if eof:
             self._on_eof()
-        return message is not None
-
-    def read_available(self) -> bool:
-        """Dispatch the messages the channel holds now, without blocking, unless another
-        thread is reading (it dispatches them itself): for an event loop's reader callback.
-        False once the channel is closed."""
-        while True:
-            with self.cond:
-                if self.closed:
-                    return False
-                if self._reading:
-                    return True
-                self._reading = True
-            if not self._read_one(0.0):
-                return not self.closed
 
     def poke(self) -> None:
         with self.cond:

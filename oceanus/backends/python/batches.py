@@ -13,7 +13,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -48,7 +48,7 @@ class Batch:
     (outputs per request, parameters per request, output copy time in ns) or the error of the
     whole batch."""
 
-    __slots__ = ("batch_id", "done", "jobs", "keys", "notify", "result")
+    __slots__ = ("batch_id", "done", "jobs", "keys", "result")
 
     def __init__(self, jobs: Sequence[RequestJob], keys: list[int]) -> None:
         self.batch_id = 0  # set when sent (a resend after a stub's death gets a new one)
@@ -56,14 +56,6 @@ class Batch:
         self.keys = keys
         self.done = False
         self.result: Any = None
-        # A loop-driven batch's waker, called (under the mailbox's lock) once it is done.
-        self.notify: Callable[[], None] | None = None
-
-    def finish(self, result: Any) -> None:
-        self.result = result
-        self.done = True
-        if self.notify is not None:
-            self.notify()
 
 
 def request_head(
@@ -185,8 +177,10 @@ class InFlight:
             batch = self.batches.pop(message.batch_id, None)
         if message.error is not None or message.payloads is None:
             log.error("%s", message.error)
+            error = internal(message.error or "no result")
             if batch is not None:
-                batch.finish(internal(message.error or "no result"))
+                batch.result = error
+                batch.done = True
             return
         loc = message.location
         block, token = stub.reader.open(loc) if loc is not None else (None, None)
@@ -211,7 +205,8 @@ class InFlight:
                     parameters.append(stashed[1])
         finally:
             stub.reader.release(token)
-        batch.finish((outputs, parameters, time.monotonic_ns() - started))
+        batch.result = (outputs, parameters, time.monotonic_ns() - started)
+        batch.done = True
 
     def on_response(self, stub: Stub, message: msg.Response) -> None:
         """A response sent through a response sender."""

@@ -24,7 +24,7 @@ import logging
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -39,7 +39,6 @@ from oceanus.backends.python.batches import (
 )
 from oceanus.backends.python.dispatch import Dispatcher
 from oceanus.backends.python.exec_env import resolve as resolve_env
-from oceanus.backends.python.loop_reader import LoopReader
 from oceanus.backends.python.options import PythonOptions
 from oceanus.backends.python.server_calls import ServerCalls
 from oceanus.backends.python.stub_launcher import IS_READY_CACHE_S, Stub, exit_text, spawn
@@ -132,15 +131,6 @@ class PythonInstance(RequestInstance):
         )
         self._keys = itertools.count(1)
         self._batch_ids = itertools.count(1)
-        # Loop-driven batches (start_requests): the event loop sends each batch and reads the
-        # stub's answers itself (add_reader), no instance thread in between. Decoupled models
-        # and execute timeouts keep the instance thread (and the standby reader).
-        try:
-            loop = server.loop if server is not None else None
-        except RuntimeError:  # a core that has not started (tests): the threaded path
-            loop = None
-        loop_driven = loop is not None and not self.decoupled and not self._execute_timeout
-        self._reader = LoopReader(loop, self._lock) if loop is not None and loop_driven else None
         self._start()
 
     # ---- the stub's life --------------------------------------------------------------------
@@ -177,18 +167,14 @@ class PythonInstance(RequestInstance):
         with self._lock:
             self._generation = generation
             self._stub = stub
-        if self._reader is None:
-            standby = threading.Thread(
-                target=stub.mailbox.standby, name=f"{self.name}-reader", daemon=True
-            )
-            stub.threads.append(standby)
-            standby.start()
-        else:  # the loop reads the channel: messages nobody waits for are read at once too
-            self._reader.watch(stub)
+        standby = threading.Thread(
+            target=stub.mailbox.standby, name=f"{self.name}-reader", daemon=True
+        )
         watchdog = threading.Thread(
             target=self._watch, args=(stub,), name=f"{self.name}-watchdog", daemon=True
         )
-        stub.threads.append(watchdog)
+        stub.threads += [standby, watchdog]
+        standby.start()
         watchdog.start()
         self._ready.set()
 
@@ -273,10 +259,9 @@ class PythonInstance(RequestInstance):
         assert mailbox is not None
         with mailbox.cond:
             for batch in batches:
-                batch.finish(error)
+                batch.result = error
+                batch.done = True
             mailbox.cond.notify_all()
-        if self._reader is not None:
-            self._reader.unwatch(stub)
         stub.channel.close()  # a thread still reading gets end of file
         mailbox.close()
         stub.metrics.close()
@@ -320,8 +305,6 @@ class PythonInstance(RequestInstance):
         if stub is None or stub.mailbox is None:
             return
         mailbox = stub.mailbox
-        if self._reader is not None:  # from here on the waiter below reads the channel itself
-            self._reader.unwatch(stub)
         try:
             stub.channel.send(msg.Finalize())
             mailbox.wait(lambda: stub.finalized or mailbox.closed, self._options.stub_timeout_s)
@@ -339,9 +322,8 @@ class PythonInstance(RequestInstance):
 
     # ---- execution ----------------------------------------------------------------------------
 
-    def _prepare(
-        self, jobs: Sequence[RequestJob]
-    ) -> tuple[list[int], list[list[tp.TensorItem]], list[RequestHead]]:
+    def execute_requests(self, jobs: Sequence[RequestJob]) -> RequestsResult:
+        started = time.monotonic_ns()
         keys = [next(self._keys) for _ in jobs]
         input_types, all_outputs = self._input_types, self._all_outputs
         groups = [
@@ -351,64 +333,6 @@ class PythonInstance(RequestInstance):
         heads = [
             request_head(k, j.request, all_outputs, states) for k, j in zip(keys, jobs, strict=True)
         ]
-        return keys, groups, heads
-
-    def start_requests(
-        self,
-        jobs: Sequence[RequestJob],
-        done: Callable[[RequestsResult | InferenceServerError], None],
-    ) -> bool:
-        """On the event loop: send the batch; the loop's reader gets its result (_readable).
-        False (the instance thread runs it) when not loop-driven or while the stub restarts."""
-        reader = self._reader
-        if reader is None or not self._ready.is_set():
-            return False
-        started = time.monotonic_ns()
-        keys, groups, heads = self._prepare(jobs)
-        batch = Batch(jobs, keys)
-        batch.batch_id = batch_id = next(self._batch_ids)
-        sent = [started]
-
-        def finished() -> None:  # on the loop
-            self._inflight.finished(batch)
-            item = batch.result
-            if isinstance(item, InferenceServerError):
-                done(item)
-                return
-            outputs, parameters, output_ns = item
-            now = time.monotonic_ns()
-            done(
-                RequestsResult(
-                    outputs,
-                    input_ns=sent[0] - started,
-                    infer_ns=now - sent[0] - output_ns,
-                    output_ns=output_ns,
-                    parameters=parameters if any(p is not None for p in parameters) else None,
-                )
-            )
-
-        # Called under the mailbox's lock by whichever thread read the result (or the watchdog).
-        batch.notify = functools.partial(reader.call, finished)
-        with self._lock:
-            stub = self._stub
-            if self._closing or stub is None or not self._ready.is_set():
-                return False
-            if stub.watch not in ("pending", "on"):
-                return False
-            self._inflight.add(batch_id, batch)
-        try:
-            build = functools.partial(exec_message, batch_id, heads)
-            stub.channel.send_tensors(stub.writer, groups, build)
-        except OSError:
-            with self._lock:  # the watchdog may have failed it already (then it notifies)
-                mine = self._inflight.batches.pop(batch_id, None) is not None
-            return not mine  # not sent: the thread runs it on the restarted stub
-        sent[0] = time.monotonic_ns()
-        return True
-
-    def execute_requests(self, jobs: Sequence[RequestJob]) -> RequestsResult:
-        started = time.monotonic_ns()
-        keys, groups, heads = self._prepare(jobs)
         stub, batch = self._send(jobs, keys, groups, heads)
         try:
             sent = time.monotonic_ns()

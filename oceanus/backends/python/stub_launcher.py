@@ -58,9 +58,6 @@ class Stub:
         self.finalized = False
         self.mailbox: tp.Mailbox | None = None
         self.threads: list[Any] = []
-        # The event loop's reader on the channel (loop-driven instances): "" none, "pending"
-        # (asked for), "on", "off" (removed, or not to be added).
-        self.watch = ""
         # The model's is_ready(), when it has one: the last answer, when it came, the check
         # in flight (id, sent at).
         self.has_is_ready = has_is_ready

@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -24,7 +23,6 @@ from oceanus.core.backend import (
     BatchInstance,
     InstanceSpec,
     RequestInstance,
-    RequestsResult,
     ResponseStream,
 )
 from oceanus.core.clock import MONOTONIC, Clock
@@ -131,29 +129,7 @@ class InstanceThread:
 
     def submit(self, batch: list[Job]) -> None:
         ThreadBatches.executing += 1
-        instance = self._request_instance
-        if instance is not None:
-            # A loop-driven instance takes the batch here, on the loop: no hand-off to the thread
-            # and back (docs/python-backend.md, "Performance").
-            started = self._now_ns()
-            try:
-                if instance.start_requests(batch, partial(self._finished, batch, started)):
-                    return
-            except Exception as exc:
-                self._finished(batch, started, self._failure(exc))
-                return
         self._batches.put(batch)
-
-    def _finished(
-        self, batch: list[Job], started: int, done: RequestsResult | InferenceServerError
-    ) -> None:
-        """A loop-driven batch's end (on the loop)."""
-        result = BatchResult(started_ns=started)
-        if isinstance(done, InferenceServerError):
-            result.error = done
-        else:
-            self._answers(batch, done, result)
-        self._executed(batch, result)
 
     def stop(self, wait: bool = True) -> None:
         self._batches.put(None)
@@ -229,24 +205,16 @@ class InstanceThread:
         result = BatchResult(started_ns=self._now_ns())
         try:
             done = instance.execute_requests(batch)
-        except Exception as exc:
-            result.error = self._failure(exc)
+        except InferenceServerError as exc:
+            result.error = exc
             return result
-        self._answers(batch, done, result)
-        return result
-
-    def _failure(self, exc: Exception) -> InferenceServerError:
-        if isinstance(exc, InferenceServerError):
-            return exc
-        log.exception("instance %s failed to execute a batch", self.spec.name)
-        return internal(
-            f"Failed to process the request(s) for model '{self.spec.name}', message: "
-            f"{type(exc).__name__}: {exc}"
-        )
-
-    @staticmethod
-    def _answers(batch: list[Job], done: RequestsResult, result: BatchResult) -> None:
-        """Each request's answer from a per-request backend's result, into `result`."""
+        except Exception as exc:
+            log.exception("instance %s failed to execute a batch", self.spec.name)
+            result.error = internal(
+                f"Failed to process the request(s) for model '{self.spec.name}', message: "
+                f"{type(exc).__name__}: {exc}"
+            )
+            return result
         outputs: list[dict[str, np.ndarray]] = []
         if done.parameters is not None:
             for job, parameters in zip(batch, done.parameters, strict=True):
@@ -261,6 +229,7 @@ class InstanceThread:
         result.input_ns = done.input_ns
         result.infer_ns = done.infer_ns
         result.output_ns = done.output_ns
+        return result
 
     def _split(
         self, batch: list[Job], outputs: dict[str, np.ndarray]
