@@ -30,6 +30,7 @@ import numpy as np
 
 from oceanus.core.types import InferRequest, InferResponse, Tensor
 from oceanus.frontends.workers import messages as m
+from oceanus.ipc.channel import frame
 
 _LENGTH = struct.Struct("<I")
 
@@ -53,22 +54,22 @@ def _simple_messages() -> tuple[tuple[Any, ...], InferResponse]:
         requested=None,
         parameters={},
     )
-    return (m.INFER, 1, "http", m.encode_request(request)), response
+    fields, block = m.place_request(m.encode_request(request), None)
+    return m.Infer(1, "http", fields, block), response
 
 
 def per_message(rounds: int) -> float:
     """CPU-µs the core spends on one request's two messages, codec only."""
     message, response = _simple_messages()
-    payload = marshal.dumps(message)
-    frame = _LENGTH.pack(len(payload)) + payload
+    framed = frame(message)
     start = time.process_time()
     for _ in range(rounds):
-        (length,) = _LENGTH.unpack_from(frame, 0)
-        received = marshal.loads(memoryview(frame)[4 : 4 + length])
-        m.decode_request(received[3])
-        answer = marshal.dumps((m.INFER_OK, received[1], m.encode_response(response)))
-        framed = _LENGTH.pack(len(answer)) + answer  # the framing is part of the cost
-        del framed
+        (length,) = _LENGTH.unpack_from(framed, 0)
+        received = m.KINDS.decode(marshal.loads(memoryview(framed)[4 : 4 + length]))
+        m.decode_request(received.request)
+        fields, block = m.encode_response(response)
+        answer = frame(m.InferOk(received.id, fields, block))  # the framing is part of the cost
+        del answer
     return (time.process_time() - start) / rounds * 1e6
 
 

@@ -1,9 +1,9 @@
-"""A message channel between two processes over a Unix socket, on an asyncio loop.
+"""The asyncio face of a channel (channel.py is the threaded one): the same frames, the same
+typed messages (`MessageKinds`), read by a protocol on the event loop.
 
-Messages are tuples (messages.py) framed as a 4-byte length + `marshal` bytes. Under load many
-travel per wake-up both ways: `send` only appends to a buffer, and one callback per loop
-iteration writes everything buffered with a single `transport.write`; `data_received` decodes
-every complete frame it got before returning.
+Under load many messages travel per wake-up both ways: `send` only appends to a buffer, and one
+callback per loop iteration writes everything buffered with a single `transport.write`;
+`data_received` decodes every complete frame it got before returning.
 """
 
 from __future__ import annotations
@@ -11,19 +11,21 @@ from __future__ import annotations
 import asyncio
 import marshal
 import socket
-import struct
 from collections.abc import Callable
 from typing import Any
 
-_LENGTH = struct.Struct("<I")
+from oceanus.ipc.channel import LENGTH, MessageKinds, frame
 
-Message = tuple[Any, ...]
+_new_tuple = tuple.__new__
 
 
-class Channel(asyncio.Protocol):
-    """One end of a worker <-> core channel; `on_message` gets each message in order."""
+class AioChannel(asyncio.Protocol):
+    """One end of a link on an asyncio loop; `on_message` gets each typed message in order."""
 
-    def __init__(self, on_message: Callable[[Message], None], on_lost: Callable[[], None]) -> None:
+    def __init__(
+        self, kinds: MessageKinds, on_message: Callable[[Any], None], on_lost: Callable[[], None]
+    ) -> None:
+        self._classes = kinds.by_kind
         self._on_message = on_message
         self._on_lost = on_lost
         self._transport: Any = None  # an asyncio or uvloop transport
@@ -38,21 +40,22 @@ class Channel(asyncio.Protocol):
     async def open(
         cls,
         sock: socket.socket,
-        on_message: Callable[[Message], None],
+        kinds: MessageKinds,
+        on_message: Callable[[Any], None],
         on_lost: Callable[[], None],
-    ) -> Channel:
+    ) -> AioChannel:
         loop = asyncio.get_running_loop()
-        _, channel = await loop.create_unix_connection(lambda: cls(on_message, on_lost), sock=sock)
+        _, channel = await loop.create_unix_connection(
+            lambda: cls(kinds, on_message, on_lost), sock=sock
+        )
         return channel
 
     # ---- sending ----------------------------------------------------------------------------
 
-    def send(self, message: Message) -> None:
+    def send(self, message: tuple[Any, ...]) -> None:
         if self.closed:
             return
-        data = marshal.dumps(message)
-        self._outgoing.append(_LENGTH.pack(len(data)))
-        self._outgoing.append(data)
+        self._outgoing.append(frame(message))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
@@ -78,20 +81,21 @@ class Channel(asyncio.Protocol):
             data = bytes(self._incoming)
         offset, end = 0, len(data)
         on_message = self._on_message
+        classes = self._classes
         view = memoryview(data)
         try:
             while end - offset >= 4:
-                (length,) = _LENGTH.unpack_from(data, offset)
+                (length,) = LENGTH.unpack_from(data, offset)
                 if end - offset - 4 < length:
                     break
-                message = marshal.loads(view[offset + 4 : offset + 4 + length])
+                plain = marshal.loads(view[offset + 4 : offset + 4 + length])
                 offset += 4 + length
-                on_message(message)
+                on_message(_new_tuple(classes[plain[-1]], plain))
         finally:
             rest = end - offset
             self._incoming = bytearray(view[offset:]) if rest else bytearray()
             # The bytes the first incomplete frame needs before it is worth decoding.
-            self._needed = 4 + _LENGTH.unpack_from(data, offset)[0] if rest >= 4 else 4
+            self._needed = 4 + LENGTH.unpack_from(data, offset)[0] if rest >= 4 else 4
             view.release()
 
     def connection_lost(self, exc: Exception | None) -> None:
