@@ -29,6 +29,7 @@ from oceanus.frontends.workers.client import CoreClient
 from oceanus.frontends.workers.handlers import WorkerGrpc, WorkerHttp
 from oceanus.frontends.workers.supervisor import remove_files
 from oceanus.ipc.aio import AioChannel
+from oceanus.ipc.msgring import MsgRingReader, MsgRingWriter
 from oceanus.ipc.rings import RingReader, RingWriter
 from oceanus.logs import LogSettings, configure
 from oceanus.main import grpc_options, install_uvloop
@@ -42,12 +43,14 @@ class _FrontendWorker:
         self.index = index
         self.prefix = prefix
         self.client = CoreClient()
+        self.msg_rings: tuple[MsgRingWriter, MsgRingReader] | None = None
         if ring_bytes:
             try:
                 self.client.reader = RingReader(f"{prefix}-c2w", ring_bytes)
                 self.client.writer = RingWriter(f"{prefix}-w2c", ring_bytes, f"{prefix}-w-")
+                self.msg_rings = (MsgRingWriter(f"{prefix}-mw2c"), MsgRingReader(f"{prefix}-mc2w"))
             finally:  # both ends have mapped them: the names are no longer needed
-                for direction in ("c2w", "w2c"):
+                for direction in ("c2w", "w2c", "mc2w", "mw2c"):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(f"{prefix}-{direction}")
         self.drain = asyncio.Event()
@@ -73,7 +76,9 @@ class _FrontendWorker:
         self.core_lost.set()
 
     async def serve(self, sock: socket.socket) -> int:
-        channel = await AioChannel.open(sock, m.KINDS, self.client.receive, self._lost)
+        channel = await AioChannel.open(
+            sock, m.KINDS, self.client.receive, self._lost, self.msg_rings
+        )
         self.client.channel = channel
         settings = await self.settings
         configure(settings.log)

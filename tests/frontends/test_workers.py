@@ -95,43 +95,65 @@ def test_requests_only_the_core_can_carry_are_refused_by_the_codec() -> None:
         CORE_REGIONS.input_view("region", 0, 8, list[Region]())
 
 
-def test_the_channel_carries_many_and_big_messages_in_order() -> None:
-    """Two AioChannels over a real socketpair: small messages batched per wake-up and frames
-    bigger than a socket buffer arrive whole, typed and in order."""
+@pytest.mark.parametrize("rings", [False, True], ids=["socket", "rings"])
+def test_the_channel_carries_many_and_big_messages_in_order(rings: bool, tmp_path: Path) -> None:
+    """Two AioChannels over a real socketpair, with or without message rings: small messages
+    batched per wake-up (with rings: in shared memory, a doorbell only for a sleeping reader)
+    and frames bigger than a socket buffer (and than the ring) arrive whole, typed, in order."""
     import asyncio
     import socket
 
+    from oceanus.ipc import msgring
     from oceanus.ipc.aio import AioChannel
 
-    async def run() -> list[Any]:
+    pair: list[Any] = [None, None]
+    if rings:
+        for name in ("lr", "rl"):
+            msgring.create(str(tmp_path / name), 64 << 10)  # small: fills, wraps, overflows
+        pair = [
+            (
+                msgring.MsgRingWriter(str(tmp_path / "lr")),
+                msgring.MsgRingReader(str(tmp_path / "rl")),
+            ),
+            (
+                msgring.MsgRingWriter(str(tmp_path / "rl")),
+                msgring.MsgRingReader(str(tmp_path / "lr")),
+            ),
+        ]
+
+    async def run() -> tuple[list[Any], int]:
         left_sock, right_sock = socket.socketpair()
         received: list[Any] = []
         done = asyncio.Event()
 
         def on_message(message: Any) -> None:
             received.append(message)
-            if len(received) == 1003:
+            if len(received) == 5003:
                 done.set()
 
-        left = await AioChannel.open(left_sock, m.KINDS, lambda _: None, lambda: None)
-        right = await AioChannel.open(right_sock, m.KINDS, on_message, lambda: None)
-        for index in range(1000):
+        left = await AioChannel.open(left_sock, m.KINDS, lambda _: None, lambda: None, pair[0])
+        right = await AioChannel.open(right_sock, m.KINDS, on_message, lambda: None, pair[1])
+        for index in range(5000):
             left.send(m.Cancel(index))
+            if index % 1000 == 0:
+                await asyncio.sleep(0)  # let the reader catch up now and then
         for size in (3 << 20, 5, 700_001):
             left.send(m.StreamIn(size, b"x" * size))
         await asyncio.wait_for(done.wait(), 30)
         left.close()
         right.close()
-        return received
+        return received, left.doorbells
 
-    received = asyncio.run(run())
-    assert received[:1000] == [m.Cancel(index) for index in range(1000)]
-    assert all(type(message) is m.Cancel for message in received[:1000])
-    assert [(message.id, len(message.data)) for message in received[1000:]] == [
+    received, doorbells = asyncio.run(run())
+    assert received[:5000] == [m.Cancel(index) for index in range(5000)]
+    assert all(type(message) is m.Cancel for message in received[:5000])
+    assert [(message.id, len(message.data)) for message in received[5000:]] == [
         (3 << 20, 3 << 20),
         (5, 5),
         (700_001, 700_001),
     ]
+    if rings:
+        assert 1 <= doorbells < 100  # not one per message, nor per write
 
 
 def test_the_threaded_and_the_asyncio_face_speak_one_link() -> None:

@@ -29,8 +29,9 @@ from typing import Any
 from oceanus.cpus import usable_cpus
 from oceanus.frontends.workers import messages as m
 from oceanus.frontends.workers.core_link import CoreLink
-from oceanus.ipc import budget
+from oceanus.ipc import budget, msgring
 from oceanus.ipc.aio import AioChannel
+from oceanus.ipc.msgring import MsgRingReader, MsgRingWriter
 from oceanus.ipc.rings import RING_HEADER, RingReader, RingWriter, create_ring_file
 
 log = logging.getLogger("oceanus.workers")
@@ -85,6 +86,7 @@ class _WorkerProcess:
     process: subprocess.Popen[bytes] | None = None
     link: CoreLink | None = None
     prefix: str = ""
+    msg_rings: tuple[MsgRingWriter, MsgRingReader] | None = None
     hello: asyncio.Future[str] | None = None
     started: float = 0.0
     stopping: bool = False
@@ -143,7 +145,7 @@ class FrontendWorkers:
                 return
             link.receive(message)
 
-        channel = await AioChannel.open(parent, m.KINDS, on_message, link.lost)
+        channel = await AioChannel.open(parent, m.KINDS, on_message, link.lost, worker.msg_rings)
         link.channel = channel
         worker.process = subprocess.Popen(
             [
@@ -164,12 +166,14 @@ class FrontendWorkers:
         worker.watcher = asyncio.ensure_future(self._watch(worker))
 
     def _rings(self, worker: _WorkerProcess, link: CoreLink) -> int:
-        """Create and map the worker's two tensor rings; their size, 0 when /dev/shm has no
-        room for them (tensor bytes then travel inline in the messages)."""
+        """Create and map the worker's rings, tensor bytes and messages, one each per direction;
+        their size, 0 when /dev/shm has no room for them (then everything crosses the socket)."""
         prefix = worker.prefix
         try:
             create_ring_file(f"{prefix}-c2w", RING_BYTES)
             create_ring_file(f"{prefix}-w2c", RING_BYTES)
+            msgring.create(f"{prefix}-mc2w", msgring.DEFAULT_BYTES)
+            msgring.create(f"{prefix}-mw2c", msgring.DEFAULT_BYTES)
         except budget.ShmFull:
             remove_files(prefix)
             log.warning(
@@ -180,7 +184,11 @@ class FrontendWorkers:
             return 0
         link.writer = RingWriter(f"{prefix}-c2w", RING_BYTES, f"{prefix}-c-")
         link.reader = RingReader(f"{prefix}-w2c", RING_BYTES)
-        budget.hold(prefix, 2 * (RING_HEADER + RING_BYTES))
+        worker.msg_rings = (
+            MsgRingWriter(f"{prefix}-mc2w"),
+            MsgRingReader(f"{prefix}-mw2c"),
+        )
+        budget.hold(prefix, 2 * (RING_HEADER + RING_BYTES + msgring.HEADER + msgring.DEFAULT_BYTES))
         return RING_BYTES
 
     def _release(self, worker: _WorkerProcess) -> None:
@@ -193,6 +201,10 @@ class FrontendWorkers:
                 if ring is not None:
                     ring.close()
             link.writer = link.reader = None
+        if worker.msg_rings is not None:
+            for msg_ring in worker.msg_rings:
+                msg_ring.close()
+            worker.msg_rings = None
         if worker.prefix:
             remove_files(worker.prefix)
             budget.drop(worker.prefix)
