@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import marshal
 import os
 import socket
@@ -26,6 +27,7 @@ from typing import Any
 from oceanus.ipc.channel import LENGTH, MessageKinds, frame
 from oceanus.ipc.msgring import MsgRingReader, MsgRingWriter
 
+log = logging.getLogger("oceanus.ipc")
 _new_tuple = tuple.__new__
 _DOORBELL = LENGTH.pack(0)
 # How long a reader keeps polling its ring after the last message before it arms and sleeps
@@ -162,8 +164,11 @@ class AioChannel(asyncio.Protocol):
             self._poll()
 
     def _on_frame(self, data: Any) -> None:
-        plain = marshal.loads(data)
-        self._on_message(_new_tuple(self._classes[plain[-1]], plain))
+        try:
+            plain = marshal.loads(data)
+            self._on_message(_new_tuple(self._classes[plain[-1]], plain))
+        except Exception:  # one bad message must not stop the ring's reader
+            log.exception("a message on the link failed")
 
     def _poll(self) -> None:
         """Read the ring; keep polling once per loop iteration until `SPIN_NS` passed without a

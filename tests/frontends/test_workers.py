@@ -153,7 +153,7 @@ def test_the_channel_carries_many_and_big_messages_in_order(rings: bool, tmp_pat
         (700_001, 700_001),
     ]
     if rings:
-        assert 1 <= doorbells < 100  # not one per message, nor per write
+        assert doorbells < 100  # only when the reader slept: never one per message
 
 
 def test_the_threaded_and_the_asyncio_face_speak_one_link() -> None:

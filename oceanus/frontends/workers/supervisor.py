@@ -56,7 +56,7 @@ def claim_port(address: str, port: int) -> int:
 # Bytes of each of a worker's two tensor rings: a message's block is released as soon as its
 # reader has copied the bytes out, so a ring holds what is crossing, not what is queued; a
 # bigger message than fits takes a one-off file (rings.py).
-RING_BYTES = 2 << 20
+RING_BYTES = 1 << 20
 
 
 def remove_files(prefix: str) -> None:
