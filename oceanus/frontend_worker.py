@@ -48,7 +48,11 @@ class _FrontendWorker:
             try:
                 self.client.reader = RingReader(f"{prefix}-c2w", ring_bytes)
                 self.client.writer = RingWriter(f"{prefix}-w2c", ring_bytes, f"{prefix}-w-")
-                self.msg_rings = (MsgRingWriter(f"{prefix}-mw2c"), MsgRingReader(f"{prefix}-mc2w"))
+                if os.path.exists(f"{prefix}-mc2w"):  # the core made message rings too
+                    self.msg_rings = (
+                        MsgRingWriter(f"{prefix}-mw2c"),
+                        MsgRingReader(f"{prefix}-mc2w"),
+                    )
             finally:  # both ends have mapped them: the names are no longer needed
                 for direction in ("c2w", "w2c", "mc2w", "mw2c"):
                     with contextlib.suppress(FileNotFoundError):

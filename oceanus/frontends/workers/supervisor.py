@@ -67,6 +67,12 @@ def remove_files(prefix: str) -> None:
             os.unlink(path)
 
 
+# Messages in shared-memory rings (ipc/msgring.py) instead of the socketpair: off by default.
+# Under load (HTTP c=16, 2 workers) the core read a malformed record after some 20,000
+# requests, a bug not found yet (the two-process test in tests/ipc passes); until it is, the
+# frames cross the socket (OCEANUS_LINK_MSG_RINGS=1 turns the rings on, to find it).
+MSG_RINGS = os.environ.get("OCEANUS_LINK_MSG_RINGS", "") == "1"
+
 # Below this many usable CPUs `auto` runs no workers: on 2 CPUs the load the workers take off
 # the core is eaten by the extra hop, since nothing is left for them to run on
 # (bench/workers.py, docs/architecture.md: simple over HTTP 0.98x, simple_dyna 0.76x).
@@ -172,8 +178,9 @@ class FrontendWorkers:
         try:
             create_ring_file(f"{prefix}-c2w", RING_BYTES)
             create_ring_file(f"{prefix}-w2c", RING_BYTES)
-            msgring.create(f"{prefix}-mc2w", msgring.DEFAULT_BYTES)
-            msgring.create(f"{prefix}-mw2c", msgring.DEFAULT_BYTES)
+            if MSG_RINGS:
+                msgring.create(f"{prefix}-mc2w", msgring.DEFAULT_BYTES)
+                msgring.create(f"{prefix}-mw2c", msgring.DEFAULT_BYTES)
         except budget.ShmFull:
             remove_files(prefix)
             log.warning(
@@ -184,11 +191,14 @@ class FrontendWorkers:
             return 0
         link.writer = RingWriter(f"{prefix}-c2w", RING_BYTES, f"{prefix}-c-")
         link.reader = RingReader(f"{prefix}-w2c", RING_BYTES)
-        worker.msg_rings = (
-            MsgRingWriter(f"{prefix}-mc2w"),
-            MsgRingReader(f"{prefix}-mw2c"),
-        )
-        budget.hold(prefix, 2 * (RING_HEADER + RING_BYTES + msgring.HEADER + msgring.DEFAULT_BYTES))
+        held = 2 * (RING_HEADER + RING_BYTES)
+        if MSG_RINGS:
+            worker.msg_rings = (
+                MsgRingWriter(f"{prefix}-mc2w"),
+                MsgRingReader(f"{prefix}-mw2c"),
+            )
+            held += 2 * (msgring.HEADER + msgring.DEFAULT_BYTES)
+        budget.hold(prefix, held)
         return RING_BYTES
 
     def _release(self, worker: _WorkerProcess) -> None:
