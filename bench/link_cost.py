@@ -5,6 +5,7 @@ Two figures, in CPU-µs (process time, so a busy shared machine inflates them li
 - per message: what the core does with one `simple` request that crossed the link, in Python,
   without the socket: unframe + marshal.loads + decode_request, then encode_response +
   marshal.dumps + frame of its answer (frontends/workers/messages.py, the real functions);
+  and what one message costs through a message ring while its reader is awake (no doorbell);
 - per wake-up: a child process sleeping in poll() on one end of a Unix socketpair, woken by a
   write from this process, which it answers with a write that wakes this one: the CPU time of
   both processes per round trip, with 1 and with 16 messages per write (the batching the link
@@ -30,6 +31,7 @@ import numpy as np
 
 from oceanus.core.types import InferRequest, InferResponse, Tensor
 from oceanus.frontends.workers import messages as m
+from oceanus.ipc.channel import frame
 
 _LENGTH = struct.Struct("<I")
 
@@ -53,23 +55,59 @@ def _simple_messages() -> tuple[tuple[Any, ...], InferResponse]:
         requested=None,
         parameters={},
     )
-    return (m.INFER, 1, "http", m.encode_request(request)), response
+    fields, block = m.place_request(m.encode_request(request), None)
+    return m.Infer(1, "http", fields, block), response
 
 
 def per_message(rounds: int) -> float:
     """CPU-µs the core spends on one request's two messages, codec only."""
     message, response = _simple_messages()
-    payload = marshal.dumps(message)
-    frame = _LENGTH.pack(len(payload)) + payload
+    framed = frame(message)
     start = time.process_time()
     for _ in range(rounds):
-        (length,) = _LENGTH.unpack_from(frame, 0)
-        received = marshal.loads(memoryview(frame)[4 : 4 + length])
-        m.decode_request(received[3])
-        answer = marshal.dumps((m.INFER_OK, received[1], m.encode_response(response)))
-        framed = _LENGTH.pack(len(answer)) + answer  # the framing is part of the cost
-        del framed
+        (length,) = _LENGTH.unpack_from(framed, 0)
+        received = m.KINDS.decode(marshal.loads(memoryview(framed)[4 : 4 + length]))
+        m.decode_request(received.request)
+        fields, block = m.encode_response(response)
+        answer = frame(m.InferOk(received.id, fields, block))  # the framing is part of the cost
+        del answer
     return (time.process_time() - start) / rounds * 1e6
+
+
+def per_message_ring(rounds: int, batch: int = 16) -> float:
+    """CPU-µs of one message through a message ring (oceanus/ipc/msgring.py): the writer's put,
+    the reader's read and typing, `batch` messages per read and one doorbell check per batch,
+    no system call (the reader is awake)."""
+    import tempfile
+
+    from oceanus.ipc import budget, msgring
+    from oceanus.ipc.aio import _new_tuple
+
+    message, _ = _simple_messages()
+    framed = frame(message)
+    classes = m.KINDS.by_kind
+    got: list[Any] = []
+
+    def on_frame(data: Any) -> None:
+        plain = marshal.loads(data)
+        got.append(_new_tuple(classes[plain[-1]], plain))
+
+    with tempfile.TemporaryDirectory(dir=budget.shm_dir()) as folder:
+        path = f"{folder}/ring"
+        msgring.create(path, msgring.DEFAULT_BYTES)
+        writer, reader = msgring.MsgRingWriter(path), msgring.MsgRingReader(path)
+        reader.disarm()
+        start = time.process_time()
+        for _ in range(rounds // batch):
+            for _ in range(batch):
+                writer.put(framed)
+            writer.wants_doorbell()
+            reader.read(on_frame, [])
+            got.clear()
+        elapsed = time.process_time() - start
+        writer.close()
+        reader.close()
+    return elapsed / (rounds // batch * batch) * 1e6
 
 
 def _children_cpu() -> float:
@@ -118,6 +156,10 @@ def main() -> int:
     print(
         f"per message (core's codec for one simple request and its answer): "
         f"{per_message(args.rounds):.2f} CPU-us"
+    )
+    print(
+        f"per message through a message ring (put, read, typed; 16 per read, reader awake): "
+        f"{per_message_ring(args.rounds * 4):.2f} CPU-us"
     )
     for batch in (1, 16):
         writer, reader = per_wakeup(args.rounds // 4, batch)

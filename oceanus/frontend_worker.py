@@ -1,15 +1,18 @@
 """A frontend worker process (`--frontend-workers`): HTTP and gRPC on the server's ports, shared
 with the other workers (SO_REUSEPORT), the core in the process that started it.
 
-Started as `python -m oceanus.frontend_worker <fd> <index>` by frontends/workers/supervisor.py, with
-one end of a socketpair as `fd`: the core process sends the server's settings first, then state
-updates; the worker serves until the core asks it to drain (or SIGTERM / SIGINT come to it
-directly), or exits at once if the core process disappears: a worker never serves without a core.
+Started as `python -m oceanus.frontend_worker <fd> <index> <ring prefix> <ring bytes>` by
+frontends/workers/supervisor.py, with one end of a socketpair as `fd` and the two tensor rings the
+core made (mapped, then unlinked at once; ring bytes 0: none): the core process sends the
+server's settings first, then state updates; the worker serves until the core asks it to drain
+(or SIGTERM / SIGINT come to it directly), or exits at once if the core process disappears:
+a worker never serves without a core.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import pickle
@@ -22,9 +25,12 @@ from typing import Any
 from oceanus.frontends.grpc.server import GrpcFrontend
 from oceanus.frontends.http.protocol import HttpServer
 from oceanus.frontends.workers import messages as m
-from oceanus.frontends.workers.channel import Channel
 from oceanus.frontends.workers.client import CoreClient
 from oceanus.frontends.workers.handlers import WorkerGrpc, WorkerHttp
+from oceanus.frontends.workers.supervisor import remove_files
+from oceanus.ipc.aio import AioChannel
+from oceanus.ipc.msgring import MsgRingReader, MsgRingWriter
+from oceanus.ipc.rings import RingReader, RingWriter
 from oceanus.logs import LogSettings, configure
 from oceanus.main import grpc_options, install_uvloop
 from oceanus.settings import Settings
@@ -33,9 +39,24 @@ log = logging.getLogger("oceanus.workers")
 
 
 class _FrontendWorker:
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, prefix: str, ring_bytes: int) -> None:
         self.index = index
+        self.prefix = prefix
         self.client = CoreClient()
+        self.msg_rings: tuple[MsgRingWriter, MsgRingReader] | None = None
+        if ring_bytes:
+            try:
+                self.client.reader = RingReader(f"{prefix}-c2w", ring_bytes)
+                self.client.writer = RingWriter(f"{prefix}-w2c", ring_bytes, f"{prefix}-w-")
+                if os.path.exists(f"{prefix}-mc2w"):  # the core made message rings too
+                    self.msg_rings = (
+                        MsgRingWriter(f"{prefix}-mw2c"),
+                        MsgRingReader(f"{prefix}-mc2w"),
+                    )
+            finally:  # both ends have mapped them: the names are no longer needed
+                for direction in ("c2w", "w2c", "mc2w", "mw2c"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(f"{prefix}-{direction}")
         self.drain = asyncio.Event()
         self.core_lost = asyncio.Event()
         self.settings: asyncio.Future[Settings] = asyncio.get_running_loop().create_future()
@@ -59,7 +80,9 @@ class _FrontendWorker:
         self.core_lost.set()
 
     async def serve(self, sock: socket.socket) -> int:
-        channel = await Channel.open(sock, self.client.receive, self._lost)
+        channel = await AioChannel.open(
+            sock, m.KINDS, self.client.receive, self._lost, self.msg_rings
+        )
         self.client.channel = channel
         settings = await self.settings
         configure(settings.log)
@@ -90,7 +113,7 @@ class _FrontendWorker:
                 await grpc.start()
         except OSError as exc:
             error = f"frontend worker {self.index}: {exc.strerror or exc}"
-        channel.send((m.HELLO, self.index, os.getpid(), error))
+        channel.send(m.Hello(self.index, os.getpid(), error))
         if error:
             channel.close()
             return 1
@@ -102,6 +125,7 @@ class _FrontendWorker:
         for waiting in waits:
             waiting.cancel()
         if self.core_lost.is_set():
+            remove_files(self.prefix)  # one-off files the core died before reading
             log.error("frontend worker %d: the core process has gone; exiting", self.index)
             return 1
         log.info("frontend worker %d: draining", self.index)
@@ -128,11 +152,12 @@ async def _stop_grpc(grpc: GrpcFrontend | None, timeout: float) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    fd, index = int(args[0]), int(args[1])
+    fd, index, prefix, ring_bytes = int(args[0]), int(args[1]), args[2], int(args[3])
     install_uvloop()
 
     async def run() -> int:
-        return await _FrontendWorker(index).serve(socket.socket(fileno=fd))
+        worker = _FrontendWorker(index, prefix, ring_bytes)
+        return await worker.serve(socket.socket(fileno=fd))
 
     return asyncio.run(run())
 

@@ -23,8 +23,16 @@ from typing import Any
 from oceanus.ipc.rings import Location, RingWriter
 from oceanus.ipc.tensors import TensorDesc, TensorItem, pack
 
-_LENGTH = struct.Struct("<I")
+LENGTH = struct.Struct("<I")
 _new_tuple = tuple.__new__
+
+
+def frame(message: tuple[Any, ...]) -> bytes:
+    """One message as it travels: 4-byte little-endian length, then its marshal bytes. Both
+    faces of a link (this threaded one, aio.py's asyncio one) frame with this."""
+    # [:] is the plain tuple marshal wants (a NamedTuple is a subclass it refuses).
+    data = marshal.dumps(message[:])
+    return LENGTH.pack(len(data)) + data
 
 
 class MessageKinds:
@@ -66,15 +74,13 @@ class Channel:
         self._wake_fd = -1
 
     def send(self, message: tuple[Any, ...]) -> None:
-        # [:] is the plain tuple marshal wants (a NamedTuple is a subclass it refuses).
-        data = marshal.dumps(message[:])
+        data = frame(message)
         with self.lock:
-            self.sock.sendall(_LENGTH.pack(len(data)) + data)
+            self.sock.sendall(data)
 
     def send_locked(self, message: tuple[Any, ...]) -> None:
         """`send` for a caller already holding `lock`."""
-        data = marshal.dumps(message[:])
-        self.sock.sendall(_LENGTH.pack(len(data)) + data)
+        self.sock.sendall(frame(message))
 
     def send_tensors(
         self,
@@ -102,7 +108,7 @@ class Channel:
         buffer = self._buffer
         while True:
             if len(buffer) >= 4:
-                (length,) = _LENGTH.unpack_from(buffer, 0)
+                (length,) = LENGTH.unpack_from(buffer, 0)
                 if len(buffer) >= 4 + length:
                     message = marshal.loads(buffer[4 : 4 + length])  # one copy, not two
                     del buffer[: 4 + length]

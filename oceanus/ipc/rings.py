@@ -31,7 +31,9 @@ import numpy as np
 
 from oceanus.ipc import budget
 
-_TAIL = struct.Struct("<Q")
+# Native format: struct reads and writes "<Q" byte by byte, so the writer could read a torn tail
+# while the reader stores it; native "Q" is one 8-byte copy (a single load or store on x86-64).
+_TAIL = struct.Struct("Q")
 RING_HEADER = 64
 DEFAULT_RING_BYTES = 8 << 20
 

@@ -68,7 +68,9 @@ def test_a_request_and_its_response_cross_unchanged(datatype: str, array: np.nda
     assert decoded.outputs == [RequestedOutput("OUT", {"binary_data": True})]
 
     response = InferResponse("model", "3", "id-1", [Tensor("OUT", datatype, array.shape, array)])
-    back = m.decode_response(m.encode_response(response), request)
+    fields, block = m.encode_response(response)
+    assert block is None  # no ring: every payload inline
+    back = m.decode_response(fields, request)
     assert back.outputs[0].data.shape == array.shape
     assert back.outputs[0].data.tolist() == array.tolist()
     assert back.requested == {"OUT": request.outputs[0]}  # type: ignore[index]
@@ -93,38 +95,122 @@ def test_requests_only_the_core_can_carry_are_refused_by_the_codec() -> None:
         CORE_REGIONS.input_view("region", 0, 8, list[Region]())
 
 
-def test_the_channel_carries_many_and_big_messages_in_order() -> None:
-    """Two Channels over a real socketpair: small messages batched per wake-up and frames
-    bigger than a socket buffer arrive whole and in order, both ways."""
+@pytest.mark.parametrize("rings", [False, True], ids=["socket", "rings"])
+def test_the_channel_carries_many_and_big_messages_in_order(rings: bool, tmp_path: Path) -> None:
+    """Two AioChannels over a real socketpair, with or without message rings: small messages
+    batched per wake-up (with rings: in shared memory, a doorbell only for a sleeping reader)
+    and frames bigger than a socket buffer (and than the ring) arrive whole, typed, in order."""
     import asyncio
     import socket
 
-    from oceanus.frontends.workers.channel import Channel
+    from oceanus.ipc import msgring
+    from oceanus.ipc.aio import AioChannel
 
-    async def run() -> list[Any]:
+    pair: list[Any] = [None, None]
+    if rings:
+        for name in ("lr", "rl"):
+            msgring.create(str(tmp_path / name), 64 << 10)  # small: fills, wraps, overflows
+        pair = [
+            (
+                msgring.MsgRingWriter(str(tmp_path / "lr")),
+                msgring.MsgRingReader(str(tmp_path / "rl")),
+            ),
+            (
+                msgring.MsgRingWriter(str(tmp_path / "rl")),
+                msgring.MsgRingReader(str(tmp_path / "lr")),
+            ),
+        ]
+
+    async def run() -> tuple[list[Any], int]:
         left_sock, right_sock = socket.socketpair()
         received: list[Any] = []
         done = asyncio.Event()
 
         def on_message(message: Any) -> None:
             received.append(message)
-            if len(received) == 1003:
+            if len(received) == 5003:
                 done.set()
 
-        left = await Channel.open(left_sock, lambda _: None, lambda: None)
-        right = await Channel.open(right_sock, on_message, lambda: None)
-        for index in range(1000):
-            left.send((1, index))
+        left = await AioChannel.open(left_sock, m.KINDS, lambda _: None, lambda: None, pair[0])
+        right = await AioChannel.open(right_sock, m.KINDS, on_message, lambda: None, pair[1])
+        for index in range(5000):
+            left.send(m.Cancel(index))
+            if index % 1000 == 0:
+                await asyncio.sleep(0)  # let the reader catch up now and then
         for size in (3 << 20, 5, 700_001):
-            left.send((2, b"x" * size))
+            left.send(m.StreamIn(size, b"x" * size))
         await asyncio.wait_for(done.wait(), 30)
         left.close()
         right.close()
-        return received
+        return received, left.doorbells
 
-    received = asyncio.run(run())
-    assert received[:1000] == [(1, index) for index in range(1000)]
-    assert [len(message[1]) for message in received[1000:]] == [3 << 20, 5, 700_001]
+    received, doorbells = asyncio.run(run())
+    assert received[:5000] == [m.Cancel(index) for index in range(5000)]
+    assert all(type(message) is m.Cancel for message in received[:5000])
+    assert [(message.id, len(message.data)) for message in received[5000:]] == [
+        (3 << 20, 3 << 20),
+        (5, 5),
+        (700_001, 700_001),
+    ]
+    if rings:
+        assert doorbells < 100  # only when the reader slept: never one per message
+
+
+def test_the_threaded_and_the_asyncio_face_speak_one_link() -> None:
+    """oceanus/ipc's threaded Channel (the Python backend's) and its asyncio face frame alike."""
+    import asyncio
+    import socket
+
+    from oceanus.ipc.aio import AioChannel
+    from oceanus.ipc.channel import Channel
+
+    threaded_sock, aio_sock = socket.socketpair()
+    threaded = Channel(threaded_sock, m.KINDS)
+
+    async def run() -> Any:
+        answered: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        aio = await AioChannel.open(aio_sock, m.KINDS, answered.set_result, lambda: None)
+        aio.send(m.GrpcError(7, 3, "details"))
+        got = await asyncio.to_thread(threaded.recv, 10)
+        assert type(got) is m.GrpcError
+        threaded.send(got._replace(details="back"))
+        message = await asyncio.wait_for(answered, 10)
+        aio.close()
+        return message
+
+    assert asyncio.run(run()) == m.GrpcError(7, 3, "back")
+    threaded.close()
+
+
+def test_big_tensors_cross_through_the_ring_and_small_ones_inline(tmp_path: Path) -> None:
+    """Tensor bytes of at least RING_BYTES go through the sender's shared-memory ring (the
+    message carries their place), smaller ones inline; both arrive unchanged, and the block is
+    released for reuse."""
+    from oceanus.ipc.rings import RingReader, RingWriter, create_ring_file
+
+    path = str(tmp_path / "ring")
+    create_ring_file(path, 1 << 20)
+    writer = RingWriter(path, 1 << 20, str(tmp_path / "spill-"))
+    reader = RingReader(path, 1 << 20)
+    big = np.arange(m.RING_BYTES, dtype=np.float32)  # 4x RING_BYTES bytes
+    small = np.arange(4, dtype=np.int32)
+    request = InferRequest(
+        "model",
+        "",
+        "",
+        inputs=[Tensor("BIG", "FP32", big.shape, big), Tensor("SMALL", "INT32", (4,), small)],
+    )
+    for _ in range(3):  # more than the ring holds at once: only released blocks make room
+        fields, loc = m.place_request(m.encode_request(request), writer)
+        assert loc is not None and loc[0] == "r"
+        assert isinstance(fields[3][0][3], tuple) and isinstance(fields[3][1][3], bytes)
+        block = m.Block(reader, loc)
+        decoded = m.decode_request(fields, block)
+        block.close()
+        assert np.array_equal(decoded.inputs[0].data, big)
+        assert np.array_equal(decoded.inputs[1].data, small)
+    writer.close()
+    reader.close()
 
 
 def test_a_port_in_use_cannot_be_claimed(server: Any) -> None:
@@ -221,6 +307,14 @@ def test_batches_form_across_requests_from_different_workers(
     assert decoded_by <= workers and decoded_by  # decoded in the workers, not in the core
 
 
+def _shm_left(core_pid: int) -> list[str]:
+    """What the link of the server `core_pid` has in /dev/shm: its rings are unlinked as soon as
+    both processes mapped them, so nothing, whenever a test looks."""
+    from oceanus.ipc.budget import shm_dir
+
+    return sorted(p.name for p in Path(shm_dir()).glob(f"oceanus-fw-{core_pid}-*"))
+
+
 def test_a_dead_worker_is_replaced_and_the_others_clients_see_nothing(
     model_repository: Path, launch: Any
 ) -> None:
@@ -267,6 +361,8 @@ def test_a_dead_worker_is_replaced_and_the_others_clients_see_nothing(
     assert "exited with status -9; starting a new one" in server.log()
     fresh = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
     assert infer(fresh, 3) == 200
+    # The new worker unlinks its rings once it has mapped them, before it says hello.
+    _wait_for(lambda: _shm_left(server.process.pid) == [])
 
 
 def test_the_workers_stop_when_the_core_dies(model_repository: Path, launch: Any) -> None:
@@ -280,6 +376,8 @@ def test_the_workers_stop_when_the_core_dies(model_repository: Path, launch: Any
         return not any(Path(f"/proc/{pid}").exists() for pid in workers)
 
     _wait_for(all_gone, timeout=10)
+    assert _shm_left(server.process.pid) == []
+    assert server.log().count("the core process has gone; exiting") == len(workers)
     with pytest.raises(OSError):
         http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=2).request(
             "GET", "/v2/health/live"
@@ -319,6 +417,7 @@ def test_sigterm_drains_the_workers(model_repository: Path, launch: Any) -> None
         thread.join()
     assert answers == [200] * 4
     assert server.process.wait(30) == 0
+    assert _shm_left(server.process.pid) == []
 
 
 def test_a_bad_worker_count_is_refused() -> None:

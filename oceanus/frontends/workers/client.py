@@ -16,7 +16,8 @@ from typing import Any
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.http.protocol import HttpRequest, HttpResponse
 from oceanus.frontends.workers import messages as m
-from oceanus.frontends.workers.channel import Channel, Message
+from oceanus.ipc.aio import AioChannel
+from oceanus.ipc.rings import RingReader, RingWriter
 
 log = logging.getLogger("oceanus.workers")
 
@@ -59,7 +60,10 @@ class CoreClient:
     def __init__(self) -> None:
         # get_running_loop() costs a getpid() system call per call on Python 3.11.
         self._loop = asyncio.get_running_loop()
-        self.channel: Channel | None = None
+        self.channel: AioChannel | None = None
+        # The worker's rings for tensor bytes (None: inline, /dev/shm had no room for them)
+        self.writer: RingWriter | None = None
+        self.reader: RingReader | None = None
         self._ids = itertools.count(1)
         # id -> (future, request) for infer calls, a future for the other calls, or a _Stream
         self._calls: dict[int, Any] = {}
@@ -68,14 +72,29 @@ class CoreClient:
         self.on_drain: Callable[[], None] = lambda: None
         self.on_settings: Callable[[bytes], None] = lambda _: None
         self.on_state: Callable[[dict[str, Any]], None] = lambda _: None
+        self._table: dict[type, Callable[[Any], None]] = {
+            m.InferOk: self._infer_ok,
+            m.InferError: self._infer_error,
+            m.HttpAnswer: self._http_answer,
+            m.HttpHead: self._http_head,
+            m.HttpChunk: self._item,
+            m.StreamOut: self._item,
+            m.HttpDone: self._http_done,
+            m.StreamDone: self._stream_done,
+            m.GrpcOk: self._grpc_ok,
+            m.GrpcError: self._grpc_error,
+            m.State: self._state,
+            m.Drain: lambda _: self.on_drain(),
+            m.Settings: lambda message: self.on_settings(message.blob),
+        }
 
-    def _send(self, message: Message) -> None:
+    def _send(self, message: tuple[Any, ...]) -> None:
         assert self.channel is not None
         self.channel.send(message)
 
     def forget(self, call_id: int, cancel: bool) -> None:
         if self._calls.pop(call_id, None) is not None and cancel and self.channel is not None:
-            self.channel.send((m.CANCEL, call_id))
+            self.channel.send(m.Cancel(call_id))
 
     def _watch(self, call_id: int, future: asyncio.Future[Any]) -> None:
         def done(finished: asyncio.Future[Any]) -> None:
@@ -108,7 +127,8 @@ class CoreClient:
         future: asyncio.Future[InferResponse] = self._loop.create_future()
         self._calls[call_id] = (future, request)
         self._watch(call_id, future)
-        self._send((m.INFER, call_id, caller, fields))
+        fields, block = m.place_request(fields, self.writer)
+        self._send(m.Infer(call_id, caller, fields, block))
         return future
 
     def http(self, request: HttpRequest) -> asyncio.Future[HttpResponse]:
@@ -119,8 +139,7 @@ class CoreClient:
         self._watch(call_id, future)
         headers = list(request.headers.items())
         self._send(
-            (
-                m.HTTP,
+            m.Http(
                 call_id,
                 request.method,
                 request.path,
@@ -139,7 +158,7 @@ class CoreClient:
         future: asyncio.Future[bytes] = self._loop.create_future()
         self._calls[call_id] = future
         self._watch(call_id, future)
-        self._send((m.GRPC, call_id, method, data, metadata))
+        self._send(m.Grpc(call_id, method, data, metadata))
         return await future
 
     def grpc_stream(self, metadata: list[tuple[str, str]]) -> tuple[int, AsyncIterator[bytes]]:
@@ -147,70 +166,87 @@ class CoreClient:
         call_id = next(self._ids)
         stream = _Stream()
         self._calls[call_id] = stream
-        self._send((m.STREAM_OPEN, call_id, metadata))
+        self._send(m.StreamOpen(call_id, metadata))
         return call_id, stream.items(self, call_id)
 
     def stream_send(self, call_id: int, data: bytes | None) -> None:
         """One message of an open stream (None: the client's last one was sent)."""
         if call_id in self._calls:
             if data is None:
-                self._send((m.STREAM_END, call_id))
+                self._send(m.StreamEnd(call_id))
             else:
-                self._send((m.STREAM_IN, call_id, data))
+                self._send(m.StreamIn(call_id, data))
 
     # ---- answers ------------------------------------------------------------------------------
 
-    def receive(self, message: Message) -> None:
-        kind = message[0]
-        if kind == m.STATE:
-            self.tracing = bool(message[1].get("tracing", self.tracing))
-            self.on_state(message[1])
-            return
-        if kind == m.DRAIN:
-            self.on_drain()
-            return
-        if kind == m.SETTINGS:
-            self.on_settings(message[1])
-            return
-        call_id = message[1]
-        call = self._calls.get(call_id)
-        if call is None:
-            return  # cancelled meanwhile
-        if kind == m.INFER_OK:
-            del self._calls[call_id]
+    def receive(self, message: Any) -> None:
+        handler = self._table.get(type(message))
+        if handler is not None:
+            handler(message)
+
+    def _state(self, message: m.State) -> None:
+        self.tracing = bool(message.values.get("tracing", self.tracing))
+        self.on_state(message.values)
+
+    def _infer_ok(self, message: m.InferOk) -> None:
+        block = m.Block(self.reader, message.block) if message.block is not None else None
+        try:
+            call = self._calls.pop(message.id, None)
+            if call is None:
+                return  # cancelled meanwhile
             future, request = call
             if not future.done():
                 try:
-                    future.set_result(m.decode_response(message[2], request))
+                    future.set_result(m.decode_response(message.response, request, block))
                 except Exception as exc:
                     future.set_exception(exc)
-        elif kind == m.INFER_ERROR:
-            del self._calls[call_id]
-            if not call[0].done():
-                call[0].set_exception(m.error_of(message[2], message[3]))
-        elif kind == m.HTTP_RESPONSE:
-            del self._calls[call_id]
-            if not call.done():
-                call.set_result(HttpResponse(message[2], message[4], list(message[3])))
-        elif kind == m.HTTP_HEAD:
-            stream = _Stream()
-            self._calls[call_id] = stream
-            if not call.done():
-                head = HttpResponse(message[2], b"", list(message[3]))
-                head.stream = stream.items(self, call_id)
-                call.set_result(head)
-        elif kind in (m.HTTP_CHUNK, m.STREAM_OUT):
-            call.queue.put_nowait(message[2])
-        elif kind == m.HTTP_DONE:
+        finally:
+            if block is not None:
+                block.close()
+
+    def _infer_error(self, message: m.InferError) -> None:
+        call = self._calls.pop(message.id, None)
+        if call is not None and not call[0].done():
+            call[0].set_exception(m.error_of(message.code, message.message))
+
+    def _http_answer(self, message: m.HttpAnswer) -> None:
+        call = self._calls.pop(message.id, None)
+        if call is not None and not call.done():
+            call.set_result(HttpResponse(message.status, message.body, list(message.headers)))
+
+    def _http_head(self, message: m.HttpHead) -> None:
+        call = self._calls.get(message.id)
+        if call is None:
+            return
+        stream = _Stream()
+        self._calls[message.id] = stream
+        if not call.done():
+            head = HttpResponse(message.status, b"", list(message.headers))
+            head.stream = stream.items(self, message.id)
+            call.set_result(head)
+
+    def _item(self, message: m.HttpChunk | m.StreamOut) -> None:
+        call = self._calls.get(message.id)
+        if call is not None:
+            call.queue.put_nowait(message.data)
+
+    def _http_done(self, message: m.HttpDone) -> None:
+        call = self._calls.get(message.id)
+        if call is not None:
             call.queue.put_nowait(_END)
-        elif kind == m.STREAM_DONE:
-            code, details = message[2], message[3]
-            call.queue.put_nowait(_END if code == 0 else GrpcFailure(code, details))
-        elif kind == m.GRPC_OK:
-            del self._calls[call_id]
-            if not call.done():
-                call.set_result(message[2])
-        elif kind == m.GRPC_ERROR:
-            del self._calls[call_id]
-            if not call.done():
-                call.set_exception(GrpcFailure(message[2], message[3]))
+
+    def _stream_done(self, message: m.StreamDone) -> None:
+        call = self._calls.get(message.id)
+        if call is not None:
+            end = _END if message.code == 0 else GrpcFailure(message.code, message.details)
+            call.queue.put_nowait(end)
+
+    def _grpc_ok(self, message: m.GrpcOk) -> None:
+        call = self._calls.pop(message.id, None)
+        if call is not None and not call.done():
+            call.set_result(message.data)
+
+    def _grpc_error(self, message: m.GrpcError) -> None:
+        call = self._calls.pop(message.id, None)
+        if call is not None and not call.done():
+            call.set_exception(GrpcFailure(message.code, message.details))

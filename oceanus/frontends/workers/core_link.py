@@ -25,7 +25,8 @@ from oceanus.frontends.http.app import HttpFrontend
 from oceanus.frontends.http.protocol import HttpRequest, HttpResponse, Pending, Streamed
 from oceanus.frontends.http.responses import error_response
 from oceanus.frontends.workers import messages as m
-from oceanus.frontends.workers.channel import Channel, Message
+from oceanus.ipc.aio import AioChannel
+from oceanus.ipc.rings import RingReader, RingWriter
 
 log = logging.getLogger("oceanus.workers")
 
@@ -85,43 +86,45 @@ class CoreLink:
         self._core = core
         self._http = http
         self._grpc = grpc_handlers
-        self.channel: Channel | None = None
+        self.channel: AioChannel | None = None
+        # The worker's rings for tensor bytes (None: inline)
+        self.writer: RingWriter | None = None
+        self.reader: RingReader | None = None
         # Called before a forwarded call is answered: a call that changed server state the
         # workers mirror (trace settings) then reaches every worker before its caller's answer.
         self.on_control: Callable[[], None] = lambda: None
         # id -> what cancels it: a core future, or the task answering a forwarded call
         self._active: dict[int, asyncio.Future[Any]] = {}
         self._streams: dict[int, asyncio.Queue[bytes | None]] = {}
+        self._table: dict[type, Callable[[Any], None]] = {
+            m.Infer: self._infer,
+            m.Cancel: self._cancel,
+            m.Http: self._forward_http,
+            m.Grpc: lambda message: self._track(message.id, self._grpc_unary(message)),
+            m.StreamOpen: self._stream_open,
+            m.StreamIn: lambda message: self._stream_item(message.id, message.data),
+            m.StreamEnd: lambda message: self._stream_item(message.id, None),
+        }
 
-    def _send(self, message: Message) -> None:
+    def _send(self, message: tuple[Any, ...]) -> None:
         if self.channel is not None:
             self.channel.send(message)
 
-    def receive(self, message: Message) -> None:
-        kind = message[0]
+    def receive(self, message: Any) -> None:
         try:
-            if kind == m.INFER:
-                self._infer(message[1], message[2], message[3])
-            elif kind == m.CANCEL:
-                future = self._active.pop(message[1], None)
-                if future is not None:
-                    future.cancel()
-            elif kind == m.HTTP:
-                self._forward_http(*message[1:])
-            elif kind == m.GRPC:
-                self._track(message[1], self._grpc_unary(*message[1:]))
-            elif kind == m.STREAM_OPEN:
-                self._stream_open(message[1], message[2])
-            elif kind == m.STREAM_IN:
-                queue = self._streams.get(message[1])
-                if queue is not None:
-                    queue.put_nowait(message[2])
-            elif kind == m.STREAM_END:
-                queue = self._streams.get(message[1])
-                if queue is not None:
-                    queue.put_nowait(None)
+            self._table[type(message)](message)
         except Exception:  # a bad message must never take the link down
-            log.exception("frontend worker message %r failed", kind)
+            log.exception("frontend worker message %s failed", type(message).__name__)
+
+    def _cancel(self, message: m.Cancel) -> None:
+        future = self._active.pop(message.id, None)
+        if future is not None:
+            future.cancel()
+
+    def _stream_item(self, call_id: int, data: bytes | None) -> None:
+        queue = self._streams.get(call_id)
+        if queue is not None:
+            queue.put_nowait(data)
 
     def lost(self) -> None:
         """The worker is gone: whatever it asked for is of no use any more."""
@@ -132,11 +135,21 @@ class CoreLink:
 
     # ---- decoded inference ------------------------------------------------------------------
 
-    def _infer(self, call_id: int, caller: str, fields: tuple[Any, ...]) -> None:
+    def _infer(self, message: m.Infer) -> None:
+        call_id = message.id
+        block = m.Block(self.reader, message.block) if message.block is not None else None
         try:
-            future = self._core.infer(m.decode_request(fields), caller)
+            request = m.decode_request(message.request, block)
         except Exception as exc:
-            self._send((m.INFER_ERROR, call_id, *m.error_fields(exc)))
+            self._send(m.InferError(call_id, *m.error_fields(exc)))
+            return
+        finally:
+            if block is not None:
+                block.close()  # copied out: the worker may reuse the space
+        try:
+            future = self._core.infer(request, message.caller)
+        except Exception as exc:
+            self._send(m.InferError(call_id, *m.error_fields(exc)))
             return
         self._active[call_id] = future
         if future.done():  # executed in place (a cheap model)
@@ -148,35 +161,34 @@ class CoreLink:
         if self._active.pop(call_id, None) is None and future.cancelled():
             return  # the worker cancelled it: its client has gone
         if future.cancelled():
-            self._send((m.INFER_ERROR, call_id, ErrorCode.UNAVAILABLE.value, CANCELLED))
+            self._send(m.InferError(call_id, ErrorCode.UNAVAILABLE.value, CANCELLED))
             return
         exc = future.exception()
         if exc is not None:
-            self._send((m.INFER_ERROR, call_id, *m.error_fields(exc)))
+            self._send(m.InferError(call_id, *m.error_fields(exc)))
             return
         try:
-            fields = m.encode_response(future.result())
+            fields, block = m.encode_response(future.result(), self.writer)
         except Exception as error:
-            self._send((m.INFER_ERROR, call_id, *m.error_fields(error)))
+            self._send(m.InferError(call_id, *m.error_fields(error)))
             return
-        self._send((m.INFER_OK, call_id, fields))
+        self._send(m.InferOk(call_id, fields, block))
 
     # ---- forwarded HTTP ---------------------------------------------------------------------
 
-    def _forward_http(
-        self,
-        call_id: int,
-        method: str,
-        path: str,
-        headers: list[tuple[bytes, bytes]],
-        body: bytes,
-        too_large: bool,
-        begin_ns: int,
-        end_ns: int,
-    ) -> None:
-        request = HttpRequest(method, path, dict(headers), body, too_large, begin_ns, end_ns)
+    def _forward_http(self, message: m.Http) -> None:
+        call_id = message.id
+        request = HttpRequest(
+            message.method,
+            message.path,
+            dict(message.headers),
+            message.body,
+            message.too_large,
+            message.begin_ns,
+            message.end_ns,
+        )
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("a frontend worker forwarded HTTP %s %s", method, path)
+            log.debug("a frontend worker forwarded HTTP %s %s", message.method, message.path)
         outcome = self._http.handle(request)
         if isinstance(outcome, HttpResponse):
             self._http_response(call_id, outcome)
@@ -199,7 +211,7 @@ class CoreLink:
     def _http_response(self, call_id: int, response: HttpResponse) -> None:
         self.on_control()
         now = time.monotonic_ns()
-        self._send((m.HTTP_RESPONSE, call_id, response.status, response.headers, response.body))
+        self._send(m.HttpAnswer(call_id, response.status, response.headers, response.body))
         if response.on_sent is not None:  # traced: the core's hand-off stands for the send
             response.on_sent(now, time.monotonic_ns())
 
@@ -208,49 +220,51 @@ class CoreLink:
         try:
             async for part in parts:
                 if isinstance(part, HttpResponse):
-                    self._send((m.HTTP_HEAD, call_id, part.status, part.headers))
+                    self._send(m.HttpHead(call_id, part.status, part.headers))
                 else:
-                    self._send((m.HTTP_CHUNK, call_id, part))
+                    self._send(m.HttpChunk(call_id, part))
         finally:
             aclose = getattr(parts, "aclose", None)
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
-        self._send((m.HTTP_DONE, call_id))
+        self._send(m.HttpDone(call_id))
 
     # ---- forwarded gRPC ---------------------------------------------------------------------
 
-    async def _grpc_unary(
-        self, call_id: int, method: str, data: bytes, metadata: list[tuple[str, str]]
-    ) -> None:
+    async def _grpc_unary(self, message: m.Grpc) -> None:
+        call_id, method, data = message.id, message.method, message.data
         handler = self._grpc.get(method)
-        context = ForwardedContext(metadata, lambda _: None)
+        context = ForwardedContext(message.metadata, lambda _: None)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("a frontend worker forwarded gRPC %s", method)
         if handler is None or handler.unary_unary is None:
-            self._send((m.GRPC_ERROR, call_id, grpc.StatusCode.UNIMPLEMENTED.value[0], ""))
+            self._send(m.GrpcError(call_id, grpc.StatusCode.UNIMPLEMENTED.value[0], ""))
             return
         try:
             request = handler.request_deserializer(data) if handler.request_deserializer else data
             response = await handler.unary_unary(request, context)
             self.on_control()
             serialize = handler.response_serializer
-            self._send((m.GRPC_OK, call_id, serialize(response) if serialize else response))
+            self._send(m.GrpcOk(call_id, serialize(response) if serialize else response))
         except _Aborted as exc:
-            self._send((m.GRPC_ERROR, call_id, exc.code.value[0], exc.details))
+            self._send(m.GrpcError(call_id, exc.code.value[0], exc.details))
         except Exception as exc:
             log.exception("forwarded %s failed", method)
             details = f"internal error: {type(exc).__name__}: {exc}"
-            self._send((m.GRPC_ERROR, call_id, grpc.StatusCode.INTERNAL.value[0], details))
+            self._send(m.GrpcError(call_id, grpc.StatusCode.INTERNAL.value[0], details))
         finally:
             context.finish()
 
-    def _stream_open(self, call_id: int, metadata: list[tuple[str, str]]) -> None:
+    def _stream_open(self, message: m.StreamOpen) -> None:
+        call_id = message.id
         handler = self._grpc.get("ModelStreamInfer")
         assert handler is not None and handler.stream_stream is not None
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         self._streams[call_id] = queue
-        context = ForwardedContext(metadata, lambda data: self._send((m.STREAM_OUT, call_id, data)))
+        context = ForwardedContext(
+            message.metadata, lambda data: self._send(m.StreamOut(call_id, data))
+        )
 
         async def serve() -> None:
             code, details = 0, ""
@@ -260,7 +274,7 @@ class CoreLink:
                 code, details = exc.code.value[0], exc.details
             finally:
                 self._streams.pop(call_id, None)
-            self._send((m.STREAM_DONE, call_id, code, details))
+            self._send(m.StreamDone(call_id, code, details))
 
         self._track(call_id, serve())
 
