@@ -97,6 +97,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespacedServe
             "--load-model=pysmall",
             "--load-model=pybig",
             f"--backend-config=python,shm-default-byte-size={RING}",
+            # The figures below count the Python backend's rings only; frontend workers reserve
+            # rings of their own in the same /dev/shm (tests/frontends/test_workers.py).
+            "--frontend-workers=0",
         ],
     )
     process.wait_live()
