@@ -79,7 +79,10 @@ class AioChannel(asyncio.Protocol):
         _, channel = await loop.create_unix_connection(
             lambda: cls(kinds, on_message, on_lost, rings), sock=sock
         )
-        if rings is not None:  # what the other end wrote before this one listened
+        # What the other end wrote before this one listened; unless a doorbell already started
+        # the poll (two chains would both poll: harmless on one loop, but CPU for nothing).
+        if rings is not None and not channel._polling:
+            channel._polling = True
             loop.call_soon(channel._poll)
         return channel
 
