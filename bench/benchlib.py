@@ -165,18 +165,19 @@ def oceanus_server(
     extra: Sequence[str] = (),
     wrap: Sequence[str] = (),
     checkout: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Server]:
     """Start ``python -m oceanus`` on free ports (with `extra` flags; behind `wrap`, a command
     that execs its arguments), wait for /v2/health/ready, stop it afterwards. `checkout`: the
     Oceanus of another checkout (an earlier commit, for a before/after in one run) instead of
-    this one."""
+    this one; `env`: variables set for it beside this process's."""
     http_port, grpc_port = free_port(), free_port()
     while grpc_port == http_port:
         grpc_port = free_port()
     argv = list(wrap) + oceanus_argv(repository, http_port, grpc_port) + list(extra)
     log_path = log_dir / f"{tag}-{http_port}.log"
     with _started(
-        argv, log_path, http_port, grpc_port, "/v2/health/ready", timeout, checkout
+        argv, log_path, http_port, grpc_port, "/v2/health/ready", timeout, checkout, env
     ) as server:
         yield server
 
@@ -210,12 +211,15 @@ def _started(
     ready_path: str,
     timeout: float,
     checkout: Path | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[Server]:
     """Run `argv` logging to `log_path` until `ready_path` answers 200; stop it afterwards (its
     log's tail is printed if anything fails meanwhile)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
         env = None if checkout is None else dict(os.environ, PYTHONPATH=str(checkout))
+        if extra_env:
+            env = dict(env or os.environ, **extra_env)
         proc = subprocess.Popen(
             argv, cwd=checkout or ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
         )

@@ -15,9 +15,12 @@ server (batching must not get worse with workers). Beside them, gRPC's floor: be
 
     python bench/workers.py [--workers 0,2] [--repeat 3] [--window-ms 3000] [--concurrency 16]
                             [--points simple/http,simple/grpc] [--no-echo] [--baseline DIR]
+                            [--rings]
 
 `--baseline DIR` serves the same points with the Oceanus of another checkout beside these
-(rows `base:N`): a before/after of a change in one run.
+(rows `base:N`): a before/after of a change in one run. `--rings` serves each worker count twice,
+the link's messages over the socket (rows `N`) and in shared-memory rings (rows `rings:N`,
+OCEANUS_LINK_MSG_RINGS=1).
 """
 
 from __future__ import annotations
@@ -191,6 +194,11 @@ def main() -> int:
         type=Path,
         help="another checkout (an earlier commit): its servers run beside these, as 'base:N'",
     )
+    parser.add_argument(
+        "--rings",
+        action="store_true",
+        help="each worker count also with the message rings on (rows 'rings:N'), off in the rest",
+    )
     args = parser.parse_args()
     points = [tuple(point.split("/", 1)) for point in args.points.split(",")]
     pa = perf.find_perf_analyzer()
@@ -205,10 +213,18 @@ def main() -> int:
     histograms: dict[str, dict[int, int]] = {}
     with contextlib.ExitStack() as stack:
         servers: dict[str, benchlib.Server] = {}
-        for checkout, prefix in ((None, ""), (args.baseline, "base:")):
-            if prefix and checkout is None:
-                continue
+        variants: list[tuple[Path | None, str, dict[str, str] | None]] = [(None, "", None)]
+        if args.rings:
+            variants = [
+                (None, "", {"OCEANUS_LINK_MSG_RINGS": "0"}),
+                (None, "rings:", {"OCEANUS_LINK_MSG_RINGS": "1"}),
+            ]
+        if args.baseline is not None:
+            variants.append((args.baseline, "base:", None))
+        for checkout, prefix, env in variants:
             for count in counts:
+                if prefix == "rings:" and count == 0:
+                    continue  # no link without workers
                 servers[f"{prefix}{count}"] = stack.enter_context(
                     benchlib.oceanus_server(
                         repository,
@@ -216,6 +232,7 @@ def main() -> int:
                         tag=f"{prefix.rstrip(':')}workers{count}",
                         extra=[f"--frontend-workers={count}"],
                         checkout=checkout,
+                        env=env,
                     )
                 )
         echo_counts = () if args.no_echo else (1, 2)

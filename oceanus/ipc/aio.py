@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from oceanus.ipc.channel import LENGTH, MessageKinds, frame
-from oceanus.ipc.msgring import MsgRingReader, MsgRingWriter
+from oceanus.ipc.msgring import MsgRingReader, MsgRingWriter, RingCorrupt
 
 log = logging.getLogger("oceanus.ipc")
 _new_tuple = tuple.__new__
@@ -79,7 +79,10 @@ class AioChannel(asyncio.Protocol):
         _, channel = await loop.create_unix_connection(
             lambda: cls(kinds, on_message, on_lost, rings), sock=sock
         )
-        if rings is not None:  # what the other end wrote before this one listened
+        # What the other end wrote before this one listened; unless a doorbell already started
+        # the poll (two chains would both poll: harmless on one loop, but CPU for nothing).
+        if rings is not None and not channel._polling:
+            channel._polling = True
             loop.call_soon(channel._poll)
         return channel
 
@@ -180,7 +183,16 @@ class AioChannel(asyncio.Protocol):
         if reader.armed:
             reader.disarm()
         now = time.monotonic_ns()
-        if reader.read(self._on_frame, self._socket_frames):
+        try:
+            got = reader.read(self._on_frame, self._socket_frames)
+        except RingCorrupt:  # nothing more on this link can be trusted: the other end restarts
+            log.exception("the link's message ring is corrupt: closing the link")
+            self._polling = False
+            self._in = None
+            if self._transport is not None:
+                self._transport.close()
+            return
+        if got:
             self._last_message_ns = now
         elif now - self._last_message_ns >= SPIN_NS and reader.arm():
             reader.disarm()  # a message came as it armed: read it next turn

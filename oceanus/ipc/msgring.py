@@ -38,11 +38,15 @@ from typing import Any
 
 from oceanus.ipc import budget
 
-# Native format: struct reads and writes "<Q" byte by byte (a torn value when the other process
-# writes meanwhile), native "Q" with one 8-byte copy, a single load or store on x86-64.
+# The shared words are read and written through a memoryview cast to "Q": one 8-byte copy, a
+# single load or store on x86-64. Never with struct.pack_into: it zeroes its target before it
+# writes the value (memset, then the store), so the other process could read 0 in between: a
+# reader that saw head 0 read far past the real head (stale records, "bad marshal data"). The
+# file is created with them 0, so _U64 still serves `create`.
 _U64 = struct.Struct("Q")
 _U32 = struct.Struct("<I")
 HEAD, TAIL, ASLEEP = 0, 64, 128
+_HEAD, _TAIL, _ASLEEP = HEAD // 8, TAIL // 8, ASLEEP // 8  # indexes of the "Q" view
 HEADER = 192
 PAD = 0xFFFFFFFF
 SOCKET = 0xFFFFFFFE
@@ -81,12 +85,25 @@ def _map(path: str) -> mmap.mmap:
         os.close(fd)
 
 
+class RingCorrupt(Exception):
+    """The ring's words or a record's length make no sense: says where, and the bytes there."""
+
+    def __init__(self, what: str, mm: mmap.mmap, head: int, tail: int, capacity: int) -> None:
+        offset = tail % capacity
+        around = bytes(mm[HEADER + max(0, offset - 32) : HEADER + min(capacity, offset + 64)])
+        super().__init__(
+            f"message ring corrupt: {what} (head {head}, tail {tail}, offset {offset}, "
+            f"capacity {capacity}; bytes from offset {max(0, offset - 32)}: {around.hex()})"
+        )
+
+
 class MsgRingWriter:
     def __init__(self, path: str) -> None:
         self._mm = _map(path)
+        self._words = memoryview(self._mm)[:HEADER].cast("Q")
         self._capacity = len(self._mm) - HEADER
         self.max_record = self._capacity // 4
-        self._head = _U64.unpack_from(self._mm, HEAD)[0]
+        self._head: int = self._words[_HEAD]
         self._tail = 0  # the reader's tail as last read: re-read only when short of room
         self._rung = 0  # the last sleep a doorbell was rung for
 
@@ -95,7 +112,7 @@ class MsgRingWriter:
         offset = self._head % self._capacity
         pad = self._capacity - offset if offset + size > self._capacity else 0
         if self._head + pad + size - self._tail > self._capacity:
-            self._tail = _U64.unpack_from(self._mm, TAIL)[0]
+            self._tail = self._words[_TAIL]
             if self._head + pad + size - self._tail > self._capacity:
                 return -1
         return pad
@@ -112,7 +129,7 @@ class MsgRingWriter:
         start = HEADER + self._head % self._capacity
         mm[start : start + size] = record
         self._head += size
-        _U64.pack_into(mm, HEAD, self._head)
+        self._words[_HEAD] = self._head
         return True
 
     def put(self, frame: bytes) -> bool:
@@ -126,13 +143,14 @@ class MsgRingWriter:
     def wants_doorbell(self) -> bool:
         """Whether the reader went to sleep since the last doorbell (call after `put`s)."""
         fence()
-        asleep = _U64.unpack_from(self._mm, ASLEEP)[0]
+        asleep = self._words[_ASLEEP]
         if asleep and asleep != self._rung:
             self._rung = asleep
             return True
         return False
 
     def close(self) -> None:
+        self._words.release()
         with contextlib.suppress(BufferError):
             self._mm.close()
 
@@ -141,21 +159,25 @@ class MsgRingReader:
     def __init__(self, path: str) -> None:
         self._mm = _map(path)
         self._view = memoryview(self._mm)
+        self._words = self._view[:HEADER].cast("Q")
         self._capacity = len(self._mm) - HEADER
-        self._tail = _U64.unpack_from(self._mm, TAIL)[0]
+        self._tail: int = self._words[_TAIL]
         self._sleeps = 1  # the creator's mark is sleep 1
         self.armed = True
 
     def pending(self) -> bool:
-        return bool(_U64.unpack_from(self._mm, HEAD)[0] != self._tail)
+        return bool(self._words[_HEAD] != self._tail)
 
     def read(self, on_frame: Callable[[Any], None], socket_frames: list[bytes]) -> int:
         """Hand every record there is to `on_frame` (a memoryview of its marshal bytes, or for a
         SOCKET mark the next of `socket_frames`, taken from it); stops early at a SOCKET mark
-        whose frame has not arrived. Returns how many it handed."""
+        whose frame has not arrived. Returns how many it handed. RingCorrupt when the head or a
+        record's length cannot be right (then the link is of no use: its owner closes it)."""
         mm, view, capacity = self._mm, self._view, self._capacity
-        head = _U64.unpack_from(mm, HEAD)[0]
+        head: int = self._words[_HEAD]
         tail = self._tail
+        if not 0 <= head - tail <= capacity:
+            raise RingCorrupt("head behind tail or a lap ahead", mm, head, tail, capacity)
         count = 0
         try:
             while tail != head:
@@ -174,6 +196,8 @@ class MsgRingReader:
                     count += 1
                     on_frame(socket_frames.pop(0))
                     continue
+                if 4 + length > head - tail or 4 + length > capacity - offset:
+                    raise RingCorrupt(f"record length {length}", mm, head, tail, capacity)
                 start = HEADER + offset + 4
                 tail += 4 + length
                 count += 1
@@ -181,23 +205,24 @@ class MsgRingReader:
         finally:
             if tail != self._tail:
                 self._tail = tail
-                _U64.pack_into(mm, TAIL, tail)
+                self._words[_TAIL] = tail
         return count
 
     def arm(self) -> bool:
         """Say this reader is going to sleep; True when a record came meanwhile (then it stays
         awake: `disarm` and read)."""
         self._sleeps += 1
-        _U64.pack_into(self._mm, ASLEEP, self._sleeps)
+        self._words[_ASLEEP] = self._sleeps
         self.armed = True
         fence()
         return self.pending()
 
     def disarm(self) -> None:
-        _U64.pack_into(self._mm, ASLEEP, 0)
+        self._words[_ASLEEP] = 0
         self.armed = False
 
     def close(self) -> None:
+        self._words.release()
         self._view.release()
         with contextlib.suppress(BufferError):
             self._mm.close()

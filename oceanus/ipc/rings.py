@@ -22,7 +22,6 @@ import contextlib
 import itertools
 import mmap
 import os
-import struct
 import threading
 from collections import deque
 from typing import Any
@@ -31,9 +30,10 @@ import numpy as np
 
 from oceanus.ipc import budget
 
-# Native format: struct reads and writes "<Q" byte by byte, so the writer could read a torn tail
-# while the reader stores it; native "Q" is one 8-byte copy (a single load or store on x86-64).
-_TAIL = struct.Struct("Q")
+# The tail word is read and written through a memoryview cast to "Q": one 8-byte copy, a single
+# load or store on x86-64. Not "<Q" (struct copies it byte by byte) and not struct.pack_into at
+# all (it zeroes the word before storing the value: the writer could read tail 0 meanwhile and
+# spill a block to a one-off file for nothing; msgring.py had the same, worse, with its head).
 RING_HEADER = 64
 DEFAULT_RING_BYTES = 8 << 20
 
@@ -75,6 +75,7 @@ class RingWriter:
     def __init__(self, path: str, capacity: int, spill_prefix: str) -> None:
         self._mm = _map(path, RING_HEADER + capacity)
         self._bytes = np.frombuffer(self._mm, dtype=np.uint8)
+        self._tail = memoryview(self._mm)[:8].cast("Q")
         self._capacity = capacity
         self._head = 0
         self._spill_prefix = spill_prefix
@@ -85,7 +86,7 @@ class RingWriter:
         to close after writing (None for the ring)."""
         capacity = self._capacity
         if size <= capacity:
-            (tail,) = _TAIL.unpack_from(self._mm, 0)
+            tail: int = self._tail[0]
             offset = self._head % capacity
             pad = capacity - offset if offset + size > capacity else 0
             if self._head + pad + size - tail <= capacity:
@@ -115,6 +116,7 @@ class RingWriter:
         return ("f", path, size), np.frombuffer(mapping, dtype=np.uint8, count=size), mapping
 
     def close(self) -> None:
+        self._tail.release()
         self._bytes = np.empty(0, dtype=np.uint8)
         # BufferError: a view still exists somewhere; the GC unmaps it later
         with contextlib.suppress(BufferError):
@@ -127,6 +129,7 @@ class RingReader:
     def __init__(self, path: str, capacity: int) -> None:
         self._mm = _map(path, RING_HEADER + capacity)
         self._bytes = np.frombuffer(self._mm, dtype=np.uint8)
+        self._tail = memoryview(self._mm)[:8].cast("Q")
         self._blocks: deque[list[Any]] = deque()
         self._lock = threading.Lock()
 
@@ -156,9 +159,10 @@ class RingReader:
             while self._blocks and self._blocks[0][1]:
                 end = self._blocks.popleft()[0]
             if end is not None:
-                _TAIL.pack_into(self._mm, 0, end)
+                self._tail[0] = end
 
     def close(self) -> None:
+        self._tail.release()
         self._bytes = np.empty(0, dtype=np.uint8)
         with contextlib.suppress(BufferError):
             self._mm.close()

@@ -67,10 +67,11 @@ def remove_files(prefix: str) -> None:
             os.unlink(path)
 
 
-# Messages in shared-memory rings (ipc/msgring.py) instead of the socketpair: off by default.
-# Under load (HTTP c=16, 2 workers) the core read a malformed record after some 20,000
-# requests, a bug not found yet (the two-process test in tests/ipc passes); until it is, the
-# frames cross the socket (OCEANUS_LINK_MSG_RINGS=1 turns the rings on, to find it).
+# Messages in shared-memory rings (ipc/msgring.py) instead of the socketpair: off by default,
+# since on they measured no better at c=16 on 2 cores (docs/architecture.md, "The link": the
+# socket link already batches, the ring's reader pays for its polling). The malformed records
+# they once gave under load were struct.pack_into's zeroed head (fixed, msgring.py).
+# OCEANUS_LINK_MSG_RINGS=1 turns them on.
 MSG_RINGS = os.environ.get("OCEANUS_LINK_MSG_RINGS", "") == "1"
 
 # Below this many usable CPUs `auto` runs no workers: on 2 CPUs the load the workers take off
