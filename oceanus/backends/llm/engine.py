@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from oceanus.backends.llm import linear
 from oceanus.backends.llm.args import EngineArgs
 from oceanus.backends.llm.kv_cache import SlotCache, attention_mask, packed_mask
 from oceanus.backends.llm.sampler import Choice, choose, needs_row_work
@@ -93,7 +94,9 @@ FlushHook = Callable[[], None]
 
 
 class Engine:
-    def __init__(self, args: EngineArgs, threads: int | None = None) -> None:
+    def __init__(
+        self, args: EngineArgs, threads: int | None = None, onednn_linears: bool = True
+    ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -108,6 +111,10 @@ class Engine:
             args.model, dtype=self.dtype, trust_remote_code=args.trust_remote_code
         )
         self.model = model.eval()
+        # The matmuls are most of a step: run them on oneDNN with packed weights (linear.py).
+        self.packed_linears = 0
+        if onednn_linears and linear.usable(self.dtype):
+            self.packed_linears = linear.pack_linears(self.model)
         config = model.config
         self.max_len = int(args.max_model_len or config.max_position_embeddings)
         heads = int(config.num_attention_heads)
