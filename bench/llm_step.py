@@ -29,7 +29,9 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=776)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument(
-        "--compare", action="store_true", help="also an engine without oneDNN linears, alternated"
+        "--compare",
+        choices=["onednn_linears", "row_attention", "both"],
+        help="also an engine without this change, its steps alternated with the default's",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: its default)")
@@ -43,15 +45,18 @@ def main() -> None:
     folder = cached_llm(args.size)
     if args.threads:
         torch.set_num_threads(args.threads)
-    variants = {"onednn": True, "mkl": False} if args.compare else {"default": True}
+    variants: dict[str, dict[str, bool]] = {"default": {}}
+    if args.compare:
+        off = ["onednn_linears", "row_attention"] if args.compare == "both" else [args.compare]
+        variants[f"without {args.compare}"] = {name: False for name in off}
     engines: dict[str, Engine] = {}
     load_s: dict[str, float] = {}
-    for name, onednn in variants.items():
+    for name, switches in variants.items():
         started = time.perf_counter()
         engines[name] = Engine(
             EngineArgs(model=folder, tokenizer=folder, max_model_len=args.max_len, max_num_seqs=32),
             threads=torch.get_num_threads(),
-            onednn_linears=onednn,
+            **switches,
         )
         load_s[name] = time.perf_counter() - started
     low, high = (int(x) for x in args.context.split(","))

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from oceanus.backends.llm import linear
+from oceanus.backends.llm import attention, linear
 from oceanus.backends.llm.args import EngineArgs
 from oceanus.backends.llm.kv_cache import SlotCache, attention_mask, packed_mask
 from oceanus.backends.llm.sampler import Choice, choose, needs_row_work
@@ -95,7 +95,11 @@ FlushHook = Callable[[], None]
 
 class Engine:
     def __init__(
-        self, args: EngineArgs, threads: int | None = None, onednn_linears: bool = True
+        self,
+        args: EngineArgs,
+        threads: int | None = None,
+        onednn_linears: bool = True,
+        row_attention: bool = True,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -115,6 +119,10 @@ class Engine:
         self.packed_linears = 0
         if onednn_linears and linear.usable(self.dtype):
             self.packed_linears = linear.pack_linears(self.model)
+        # Decode attention reads each sequence's own cells, not the batch's longest (attention.py).
+        self.row_attention = row_attention and model.config._attn_implementation == "sdpa"
+        if self.row_attention:
+            self.model.set_attn_implementation(attention.register())
         config = model.config
         self.max_len = int(args.max_model_len or config.max_position_embeddings)
         heads = int(config.num_attention_heads)
@@ -295,7 +303,9 @@ class Engine:
         kv_len = int(positions.max()) + 1
         self.cache.bind([s.slot for s in seqs], positions, kv_len)
         mask = attention_mask(positions, kv_len, self.dtype)
-        kwargs = {self._cache_kw: self.cache}
+        kwargs: dict[str, Any] = {self._cache_kw: self.cache}
+        if self.row_attention and q == 1:
+            kwargs["slot_lengths"] = [start + 1 for start in starts]
         out = self.model(
             input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True, **kwargs
         )

@@ -1,0 +1,58 @@
+"""Decode attention that reads each sequence's own cells only.
+
+A batched decode pass reads the slot rows of the cache up to the longest sequence's length, and
+the mask hides the rest: with prompts of 32-512 tokens, about half of what SDPA reads (and
+masks) is another sequence's padding, and a decode step's attention is bound by reading the
+cache. When the engine passes `slot_lengths` (one int per row, a decode pass), this runs SDPA
+row by row on views cut to each length, with no mask; otherwise (prefill, generate, other
+callers) it is transformers' own SDPA path unchanged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+NAME = "oceanus_slots"
+
+
+def slot_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    lengths: list[int] | None = kwargs.pop("slot_lengths", None)
+    if lengths is None or query.shape[2] != 1:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    batch, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    # One query token: its heads grouped per KV head ([kv_heads, group, dim]) attend to that
+    # head's keys without repeating them (what transformers' pack_gqa does for a batch).
+    grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
+    out = torch.empty_like(grouped)
+    attend = torch.nn.functional.scaled_dot_product_attention
+    # 4-D slices: SDPA's CPU flash kernel takes only 4-D inputs (3-D falls back to its math).
+    for row, length in enumerate(lengths):
+        end = row + 1
+        out[row:end] = attend(
+            grouped[row:end], key[row:end, :, :length], value[row:end, :, :length], scale=scaling
+        )
+    # [batch, kv_heads, group, dim] -> [batch, 1, heads, dim], the layout the layer expects.
+    return out.reshape(batch, 1, heads, dim), None
+
+
+def register() -> str:
+    """Make `NAME` an attention implementation transformers' models accept; returns it."""
+    AttentionInterface.register(NAME, slot_attention)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+    return NAME
