@@ -3,9 +3,10 @@
 A batched decode pass reads the slot rows of the cache up to the longest sequence's length, and
 the mask hides the rest: with prompts of 32-512 tokens, about half of what SDPA reads (and
 masks) is another sequence's padding, and a decode step's attention is bound by reading the
-cache. When the engine passes `slot_lengths` (one int per row, a decode pass), this runs SDPA
-row by row on views cut to each length, with no mask; otherwise (prefill, generate, other
-callers) it is transformers' own SDPA path unchanged."""
+cache. When the engine passes `slot_lengths` and `slot_rows` (one int per row, a decode pass),
+this runs SDPA row by row on views of each row's slot cut to its length, with no mask and no
+gather of the slots (the cache hands over all of them as a view, whichever are running).
+Otherwise (prefill, generate, other callers) it is transformers' own SDPA path unchanged."""
 
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ def slot_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     lengths: list[int] | None = kwargs.pop("slot_lengths", None)
-    if lengths is None or query.shape[2] != 1:
+    # The slot of each batch row in `key`/`value` (the cache hands over every slot, as a view).
+    slots: list[int] | None = kwargs.pop("slot_rows", None)
+    if lengths is None or slots is None or query.shape[2] != 1:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
@@ -42,11 +45,9 @@ def slot_attention(
     out = torch.empty_like(grouped)
     attend = torch.nn.functional.scaled_dot_product_attention
     # 4-D slices: SDPA's CPU flash kernel takes only 4-D inputs (3-D falls back to its math).
-    for row, length in enumerate(lengths):
-        end = row + 1
-        out[row:end] = attend(
-            grouped[row:end], key[row:end, :, :length], value[row:end, :, :length], scale=scaling
-        )
+    for row, (slot, length) in enumerate(zip(slots, lengths, strict=True)):
+        cells = slice(slot, slot + 1), slice(None), slice(length)
+        out[row : row + 1] = attend(grouped[row : row + 1], key[cells], value[cells], scale=scaling)
     # [batch, kv_heads, group, dim] -> [batch, 1, heads, dim], the layout the layer expects.
     return out.reshape(batch, 1, heads, dim), None
 

@@ -301,11 +301,13 @@ class Engine:
         # overwritten before any query may see them.
         positions = torch.tensor(starts, dtype=torch.long)[:, None] + torch.arange(q)[None, :]
         kv_len = int(positions.max()) + 1
-        self.cache.bind([s.slot for s in seqs], positions, kv_len)
+        rows = self.row_attention and q == 1
+        self.cache.bind([s.slot for s in seqs], positions, kv_len, whole=rows)
         mask = attention_mask(positions, kv_len, self.dtype)
         kwargs: dict[str, Any] = {self._cache_kw: self.cache}
-        if self.row_attention and q == 1:
+        if rows:
             kwargs["slot_lengths"] = [start + 1 for start in starts]
+            kwargs["slot_rows"] = [s.slot for s in seqs]
         out = self.model(
             input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True, **kwargs
         )

@@ -43,9 +43,13 @@ class SlotCache(Cache):
         # A packed pass (bind_packed): the cells each of its keys comes from, `[kv]` each.
         self._read: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def bind(self, rows: list[int], positions: torch.Tensor, kv_len: int) -> None:
+    def bind(
+        self, rows: list[int], positions: torch.Tensor, kv_len: int, whole: bool = False
+    ) -> None:
         """The slots of the next forward pass (batch order), the positions of its new tokens
-        (`[batch, q]`) and how many cells of each row the attention reads."""
+        (`[batch, q]`) and how many cells of each row the attention reads. `whole`: hand the
+        attention every slot (a view, never a gather); its caller picks each row's slot
+        itself (attention.py's row-by-row decode)."""
         self._rows = torch.tensor(rows, dtype=torch.long)[:, None]
         self._positions = positions
         self._write = self._cells(self._rows, positions)
@@ -56,6 +60,8 @@ class SlotCache(Cache):
         self._contiguous = (
             (first, first + len(rows)) if rows == list(range(first, first + len(rows))) else None
         )
+        if whole:
+            self._contiguous = (0, len(self.keys[0]))
 
     def bind_packed(
         self,
