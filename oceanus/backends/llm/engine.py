@@ -389,11 +389,15 @@ class Engine:
     def _emit(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """Choose each sequence's next token from its `[vocab]` row and send what it made."""
         simple = [not needs_row_work(s.params) for s in seqs]
-        argmax = torch.argmax(logits, dim=-1).tolist() if any(simple) else []
+        argmax: list[int] = []
+        chosen: list[float] = []
+        if any(simple):  # the whole batch at once: no per-row ops for the plain greedy rows
+            best = torch.argmax(logits, dim=-1)
+            argmax = best.tolist()
+            chosen = torch.log_softmax(logits, -1).gather(1, best[:, None])[:, 0].tolist()
         for row, seq in enumerate(seqs):
             if simple[row]:
-                logprob = float(torch.log_softmax(logits[row], -1)[argmax[row]])
-                choice = Choice(int(argmax[row]), logprob, None)
+                choice = Choice(int(argmax[row]), float(chosen[row]), None)
             else:
                 if seq.guide is not None:
                     seq.guide.mask(logits[row])
