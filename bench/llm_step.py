@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument(
         "--compare",
-        choices=["onednn_linears", "row_attention", "both"],
+        choices=["onednn_linears", "row_attention", "fused_mlp", "both"],
         help="also an engine without this change, its steps alternated with the default's",
     )
     parser.add_argument("--seed", type=int, default=0)
@@ -47,7 +47,11 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     variants: dict[str, dict[str, bool]] = {"default": {}}
     if args.compare:
-        off = ["onednn_linears", "row_attention"] if args.compare == "both" else [args.compare]
+        off = (
+            ["onednn_linears", "row_attention", "fused_mlp"]
+            if args.compare == "both"
+            else [args.compare]
+        )
         variants[f"without {args.compare}"] = {name: False for name in off}
     engines: dict[str, Engine] = {}
     load_s: dict[str, float] = {}

@@ -100,6 +100,7 @@ class Engine:
         threads: int | None = None,
         onednn_linears: bool = True,
         row_attention: bool = True,
+        fused_mlp: bool = True,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -117,8 +118,12 @@ class Engine:
         self.model = model.eval()
         # The matmuls are most of a step: run them on oneDNN with packed weights (linear.py).
         self.packed_linears = 0
+        self.fused_mlps = 0
         if onednn_linears and linear.usable(self.dtype):
             self.packed_linears = linear.pack_linears(self.model)
+            self.fused_mlps = (
+                linear.fuse_mlps(self.model) if fused_mlp and self.packed_linears else 0
+            )
         # Decode attention reads each sequence's own cells, not the batch's longest (attention.py).
         self.row_attention = row_attention and model.config._attn_implementation == "sdpa"
         if self.row_attention:
