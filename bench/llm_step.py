@@ -2,10 +2,12 @@
 random length, one token each, in process (no server, no sampling loop around it).
 
     python bench/llm_step.py [--size 100m] [--batch 32] [--context 32,512] [--steps 20]
-                             [--profile]
+                             [--threads N] [--profile] [--compare onednn_linears|row_attention|
+                             fused_mlp|both]
 
-Prints the median ms of a decode pass (the engine's own `_forward` + `_emit`-free argmax) and,
-with --profile, torch.profiler's table of operators by self CPU time. Writes
+Prints the median ms of a decode pass (the engine's own `_forward`, then a batched argmax) and,
+with --profile, torch.profiler's table of operators by self CPU time. --compare loads a second
+engine without the named change(s) and alternates their passes (same load for both). Writes
 bench/results/llm-step-<size>.json."""
 
 from __future__ import annotations
@@ -99,11 +101,12 @@ def main() -> None:
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
 
-            name = next(iter(engines))
-            with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-                for _ in range(3):
-                    step(name)
-            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+            for name in engines:
+                with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+                    for _ in range(3):
+                        step(name)
+                print(f"{name}: 3 decode passes")
+                print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
     same = len({tuple(s.generated[-1] for s in seqs) for seqs in running.values()}) == 1
     report: dict[str, object] = {
         "size": args.size,
