@@ -10,6 +10,7 @@ float rounding (~1e-6), not more."""
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import torch
 from torch import nn
@@ -66,6 +67,12 @@ def _gated_silu(module: nn.Module) -> bool:
     return all(isinstance(p, PackedLinear) for p in parts) and act in ("silu", "swish")
 
 
+def _fused(module: nn.Module) -> FusedMLP:
+    """`module`'s linears (checked PackedLinear by `_gated_silu`) as one FusedMLP."""
+    parts = [cast(PackedLinear, getattr(module, n)) for n in ("gate_proj", "up_proj", "down_proj")]
+    return FusedMLP(*parts)
+
+
 def fuse_mlps(model: nn.Module) -> int:
     """Replace every gated SiLU MLP whose linears are packed by a FusedMLP, after checking
     one against the unfused module; returns how many (0 when the check fails)."""
@@ -80,8 +87,8 @@ def fuse_mlps(model: nn.Module) -> int:
     try:
         with torch.no_grad():
             probe = targets[0][2]
-            fused = FusedMLP(probe.gate_proj, probe.up_proj, probe.down_proj)
-            x = torch.randn(3, probe.gate_proj.in_features, dtype=probe.gate_proj.packed.dtype)
+            fused = _fused(probe)
+            x = torch.randn(3, fused.gate_proj.in_features, dtype=fused.gate_proj.packed.dtype)
             want, got = probe(x), fused(x)
             tolerance = 1e-4 if x.dtype == torch.float32 else 5e-2
             if not torch.allclose(got, want, atol=tolerance, rtol=tolerance):
@@ -91,7 +98,7 @@ def fuse_mlps(model: nn.Module) -> int:
         log.warning("oneDNN fused MLP unavailable (%s); keeping it unfused", exc)
         return 0
     for parent, name, child in targets:
-        setattr(parent, name, FusedMLP(child.gate_proj, child.up_proj, child.down_proj))
+        setattr(parent, name, _fused(child))
     return len(targets)
 
 
