@@ -353,6 +353,7 @@ class Engine:
             positions,
             torch.tensor(k_slot, dtype=torch.long),
             key_pos,
+            whole=self.row_attention,
         )
         mask = packed_mask(
             torch.tensor(q_seq, dtype=torch.long), positions[0], key_seq, key_pos, self.dtype
@@ -370,6 +371,11 @@ class Engine:
                 done.append(seq)
                 rows.append(last)
         kwargs: dict[str, Any] = {self._cache_kw: self.cache}
+        if self.row_attention:
+            kwargs["slot_chunks"] = [
+                (seq.slot, seq.prefilled - len(chunk), len(chunk))
+                for seq, chunk in zip(seqs, chunks, strict=True)
+            ]
         if self._keep_kw:
             kwargs["logits_to_keep"] = torch.tensor(rows or [last], dtype=torch.long)
         logits = self.model(

@@ -69,6 +69,7 @@ class SlotCache(Cache):
         positions: torch.Tensor,
         read_slots: torch.Tensor,
         read_positions: torch.Tensor,
+        whole: bool = False,
     ) -> None:
         """A pass of one row holding several sequences' tokens back to back (no padding): the
         slot and position of each new token (`[1, q]`), and the cells its keys are read from,
@@ -80,6 +81,8 @@ class SlotCache(Cache):
         self._kv_len = int(read_slots.numel())
         self._contiguous = None
         self._read = (read_slots, read_positions)
+        if whole:  # the attention reads each sequence's cells from the slots itself
+            self._contiguous, self._read = (0, len(self.keys[0])), None
 
     def _cells(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The flat cell of every new key, in `[batch, heads, q]` order (the order of the
