@@ -155,3 +155,21 @@ def test_requests_that_fit_are_handed_over_without_waiting_for_a_step() -> None:
     for _ in range(3):
         assert done.acquire(timeout=60)
     engine.close()
+
+
+def test_the_decode_fast_paths_are_on() -> None:
+    """The outputs above equal `generate` through oneDNN's packed linears (SiLU MLPs fused) and
+    the row-by-row decode attention (the burst's sequences end at different steps, so later
+    decode passes read slots with holes): check that the engine took those paths, not a
+    silent fallback."""
+    folder = cached_llm("tiny")
+    engine = Engine(EngineArgs(model=folder, tokenizer=folder))
+    try:
+        config = engine.model.config
+        # q, k, v, o, gate, up, down per layer, and the LM head.
+        assert engine.packed_linears == 7 * config.num_hidden_layers + 1
+        assert engine.fused_mlps == config.num_hidden_layers
+        assert engine.row_attention
+        assert config._attn_implementation == "oceanus_slots"
+    finally:
+        engine.close()

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from oceanus.backends.llm import attention, linear
 from oceanus.backends.llm.args import EngineArgs
 from oceanus.backends.llm.kv_cache import SlotCache, attention_mask, packed_mask
 from oceanus.backends.llm.sampler import Choice, choose, needs_row_work
@@ -93,7 +94,14 @@ FlushHook = Callable[[], None]
 
 
 class Engine:
-    def __init__(self, args: EngineArgs, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        args: EngineArgs,
+        threads: int | None = None,
+        onednn_linears: bool = True,
+        row_attention: bool = True,
+        fused_mlp: bool = True,
+    ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -108,6 +116,18 @@ class Engine:
             args.model, dtype=self.dtype, trust_remote_code=args.trust_remote_code
         )
         self.model = model.eval()
+        # The matmuls are most of a step: run them on oneDNN with packed weights (linear.py).
+        self.packed_linears = 0
+        self.fused_mlps = 0
+        if onednn_linears and linear.usable(self.dtype):
+            self.packed_linears = linear.pack_linears(self.model)
+            self.fused_mlps = (
+                linear.fuse_mlps(self.model) if fused_mlp and self.packed_linears else 0
+            )
+        # Decode attention reads each sequence's own cells, not the batch's longest (attention.py).
+        self.row_attention = row_attention and model.config._attn_implementation == "sdpa"
+        if self.row_attention:
+            self.model.set_attn_implementation(attention.register())
         config = model.config
         self.max_len = int(args.max_model_len or config.max_position_embeddings)
         heads = int(config.num_attention_heads)
@@ -286,9 +306,13 @@ class Engine:
         # overwritten before any query may see them.
         positions = torch.tensor(starts, dtype=torch.long)[:, None] + torch.arange(q)[None, :]
         kv_len = int(positions.max()) + 1
-        self.cache.bind([s.slot for s in seqs], positions, kv_len)
+        rows = self.row_attention and q == 1
+        self.cache.bind([s.slot for s in seqs], positions, kv_len, whole=rows)
         mask = attention_mask(positions, kv_len, self.dtype)
-        kwargs = {self._cache_kw: self.cache}
+        kwargs: dict[str, Any] = {self._cache_kw: self.cache}
+        if rows:
+            kwargs["slot_lengths"] = [start + 1 for start in starts]
+            kwargs["slot_rows"] = [s.slot for s in seqs]
         out = self.model(
             input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True, **kwargs
         )
@@ -329,6 +353,7 @@ class Engine:
             positions,
             torch.tensor(k_slot, dtype=torch.long),
             key_pos,
+            whole=self.row_attention,
         )
         mask = packed_mask(
             torch.tensor(q_seq, dtype=torch.long), positions[0], key_seq, key_pos, self.dtype
@@ -346,6 +371,11 @@ class Engine:
                 done.append(seq)
                 rows.append(last)
         kwargs: dict[str, Any] = {self._cache_kw: self.cache}
+        if self.row_attention:
+            kwargs["slot_chunks"] = [
+                (seq.slot, seq.prefilled - len(chunk), len(chunk))
+                for seq, chunk in zip(seqs, chunks, strict=True)
+            ]
         if self._keep_kw:
             kwargs["logits_to_keep"] = torch.tensor(rows or [last], dtype=torch.long)
         logits = self.model(
@@ -370,11 +400,15 @@ class Engine:
     def _emit(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """Choose each sequence's next token from its `[vocab]` row and send what it made."""
         simple = [not needs_row_work(s.params) for s in seqs]
-        argmax = torch.argmax(logits, dim=-1).tolist() if any(simple) else []
+        argmax: list[int] = []
+        chosen: list[float] = []
+        if any(simple):  # the whole batch at once: no per-row ops for the plain greedy rows
+            best = torch.argmax(logits, dim=-1)
+            argmax = best.tolist()
+            chosen = torch.log_softmax(logits, -1).gather(1, best[:, None])[:, 0].tolist()
         for row, seq in enumerate(seqs):
             if simple[row]:
-                logprob = float(torch.log_softmax(logits[row], -1)[argmax[row]])
-                choice = Choice(int(argmax[row]), logprob, None)
+                choice = Choice(int(argmax[row]), float(chosen[row]), None)
             else:
                 if seq.guide is not None:
                     seq.guide.mask(logits[row])

@@ -32,6 +32,10 @@ class SlotCache(Cache):
         self.keys = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
         self.capacity = capacity
+        self.kv_heads = kv_heads
+        self.head_dim = head_dim
+        # Where the next pass's keys go in a layer's flat `[slots * heads * capacity, dim]` view.
+        self._write = torch.zeros(0, dtype=torch.long)
         self._rows = torch.zeros(0, dtype=torch.long)
         self._positions = torch.zeros(0, 0, dtype=torch.long)
         self._kv_len = 0
@@ -39,11 +43,16 @@ class SlotCache(Cache):
         # A packed pass (bind_packed): the cells each of its keys comes from, `[kv]` each.
         self._read: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def bind(self, rows: list[int], positions: torch.Tensor, kv_len: int) -> None:
+    def bind(
+        self, rows: list[int], positions: torch.Tensor, kv_len: int, whole: bool = False
+    ) -> None:
         """The slots of the next forward pass (batch order), the positions of its new tokens
-        (`[batch, q]`) and how many cells of each row the attention reads."""
+        (`[batch, q]`) and how many cells of each row the attention reads. `whole`: hand the
+        attention every slot (a view, never a gather); its caller picks each row's slot
+        itself (attention.py's row-by-row decode)."""
         self._rows = torch.tensor(rows, dtype=torch.long)[:, None]
         self._positions = positions
+        self._write = self._cells(self._rows, positions)
         self._kv_len = kv_len
         self._read = None
         # Consecutive slots read as a view, without a gather.
@@ -51,6 +60,8 @@ class SlotCache(Cache):
         self._contiguous = (
             (first, first + len(rows)) if rows == list(range(first, first + len(rows))) else None
         )
+        if whole:
+            self._contiguous = (0, len(self.keys[0]))
 
     def bind_packed(
         self,
@@ -58,6 +69,7 @@ class SlotCache(Cache):
         positions: torch.Tensor,
         read_slots: torch.Tensor,
         read_positions: torch.Tensor,
+        whole: bool = False,
     ) -> None:
         """A pass of one row holding several sequences' tokens back to back (no padding): the
         slot and position of each new token (`[1, q]`), and the cells its keys are read from,
@@ -65,9 +77,20 @@ class SlotCache(Cache):
         query inside its own sequence."""
         self._rows = slots
         self._positions = positions
+        self._write = self._cells(slots, positions)
         self._kv_len = int(read_slots.numel())
         self._contiguous = None
         self._read = (read_slots, read_positions)
+        if whole:  # the attention reads each sequence's cells from the slots itself
+            self._contiguous, self._read = (0, len(self.keys[0])), None
+
+    def _cells(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The flat cell of every new key, in `[batch, heads, q]` order (the order of the
+        states the attention hands over): one index_copy_ per layer writes them all, where
+        advanced-index assignment took ~10x longer (docs/llm.md)."""
+        heads = torch.arange(self.kv_heads)[None, :, None]
+        rows = slots.expand(positions.shape)[:, None, :]
+        return ((rows * self.kv_heads + heads) * self.capacity + positions[:, None, :]).reshape(-1)
 
     def update(
         self,
@@ -78,10 +101,9 @@ class SlotCache(Cache):
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.keys[layer_idx], self.values[layer_idx]
-        rows = self._rows
-        # [batch, heads, q, dim] -> [batch, q, heads, dim], the layout advanced indexing gives.
-        keys[rows, :, self._positions] = key_states.transpose(1, 2).to(keys.dtype)
-        values[rows, :, self._positions] = value_states.transpose(1, 2).to(values.dtype)
+        flat = (-1, self.head_dim)
+        keys.view(flat).index_copy_(0, self._write, key_states.reshape(flat).to(keys.dtype))
+        values.view(flat).index_copy_(0, self._write, value_states.reshape(flat).to(values.dtype))
         if self._read is not None:
             slots, cells = self._read
             # [kv, heads, dim] -> [1, heads, kv, dim]
