@@ -11,7 +11,9 @@ the status page.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import mmap
 import os
 import threading
 
@@ -47,6 +49,32 @@ def reserve(fd: int, size: int) -> None:
             raise
         total, free = usage()
         raise ShmFull(size, free, total) from None
+
+
+def create_file(path: str, size: int, initial: tuple[int, bytes] | None = None) -> None:
+    """A new shared file of `size` bytes, its pages reserved (and `initial` bytes written at an
+    offset); ShmFull, with nothing left behind, when /dev/shm cannot hold it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        reserve(fd, size)
+        if initial is not None:
+            os.pwrite(fd, initial[1], initial[0])
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
+
+
+def map_file(path: str, size: int = 0) -> mmap.mmap:
+    """Map a shared file (all of it with size 0); the descriptor is not kept."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
 
 
 def hold(owner: str, nbytes: int) -> None:

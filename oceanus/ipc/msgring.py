@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-import os
 import struct
 import threading
 from collections.abc import Callable
@@ -64,25 +63,10 @@ def fence() -> None:
 def create(path: str, capacity: int) -> None:
     """A ring file, pages reserved, its reader marked asleep (so the first message rings);
     budget.ShmFull (nothing left behind) when /dev/shm cannot hold it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.ftruncate(fd, HEADER + capacity)
-        budget.reserve(fd, HEADER + capacity)
-        os.pwrite(fd, _U64.pack(1), ASLEEP)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        raise
-    finally:
-        os.close(fd)
+    budget.create_file(path, HEADER + capacity, (ASLEEP, _U64.pack(1)))
 
 
-def _map(path: str) -> mmap.mmap:
-    fd = os.open(path, os.O_RDWR)
-    try:
-        return mmap.mmap(fd, 0)
-    finally:
-        os.close(fd)
+_map = budget.map_file
 
 
 class RingCorrupt(Exception):

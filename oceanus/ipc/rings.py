@@ -49,24 +49,10 @@ shm_dir = budget.shm_dir
 def create_ring_file(path: str, capacity: int) -> None:
     """Create a ring file, its pages reserved (the process that starts the other one creates
     both directions); budget.ShmFull (nothing left behind) when /dev/shm cannot hold it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.ftruncate(fd, RING_HEADER + capacity)
-        budget.reserve(fd, RING_HEADER + capacity)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        raise
-    finally:
-        os.close(fd)
+    budget.create_file(path, RING_HEADER + capacity)
 
 
-def _map(path: str, size: int) -> mmap.mmap:
-    fd = os.open(path, os.O_RDWR)
-    try:
-        return mmap.mmap(fd, size)
-    finally:
-        os.close(fd)
+_map = budget.map_file
 
 
 class RingWriter:
