@@ -15,7 +15,6 @@ callback; the backend (backend.py) and the benchmarks (bench/llm.py) both drive 
 
 from __future__ import annotations
 
-import inspect
 import logging
 import threading
 import time
@@ -26,7 +25,7 @@ from typing import Any
 
 import torch
 
-from oceanus.backends.llm import attention, linear
+from oceanus.backends.llm import loading
 from oceanus.backends.llm.args import EngineArgs
 from oceanus.backends.llm.kv_cache import SlotCache, attention_mask, packed_mask
 from oceanus.backends.llm.sampler import Choice, choose, needs_row_work
@@ -102,32 +101,17 @@ class Engine:
         row_attention: bool = True,
         fused_mlp: bool = True,
     ) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # no progress bars in the server's log
-
+        loaded = loading.load(args, onednn_linears, fused_mlp, row_attention)
         self.args = args
-        self.dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
-        self.tokenizer: Any = AutoTokenizer.from_pretrained(
-            args.tokenizer, trust_remote_code=args.trust_remote_code
-        )
-        model: Any = AutoModelForCausalLM.from_pretrained(
-            args.model, dtype=self.dtype, trust_remote_code=args.trust_remote_code
-        )
-        self.model = model.eval()
-        # The matmuls are most of a step: run them on oneDNN with packed weights (linear.py).
-        self.packed_linears = 0
-        self.fused_mlps = 0
-        if onednn_linears and linear.usable(self.dtype):
-            self.packed_linears = linear.pack_linears(self.model)
-            self.fused_mlps = (
-                linear.fuse_mlps(self.model) if fused_mlp and self.packed_linears else 0
-            )
-        # Decode attention reads each sequence's own cells, not the batch's longest (attention.py).
-        self.row_attention = row_attention and model.config._attn_implementation == "sdpa"
-        if self.row_attention:
-            self.model.set_attn_implementation(attention.register())
+        self.dtype = loaded.dtype
+        self.tokenizer: Any = loaded.tokenizer
+        model = loaded.model
+        self.model: Any = model
+        self.packed_linears = loaded.packed_linears
+        self.fused_mlps = loaded.fused_mlps
+        self.row_attention = loaded.row_attention
+        self._cache_kw = loaded.cache_kw
+        self._keep_kw = loaded.keep_kw
         config = model.config
         self.max_len = int(args.max_model_len or config.max_position_embeddings)
         heads = int(config.num_attention_heads)
@@ -149,10 +133,6 @@ class Engine:
         self.pad = int(config.pad_token_id if config.pad_token_id is not None else 0)
         self.vocab = int(config.vocab_size)
         self._llg_tokenizer: Any = None  # llguidance's tokenizer, made on the first guided request
-        # transformers 5 names the cache argument `cache`, earlier versions `past_key_values`.
-        forward = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in forward else "past_key_values"
-        self._keep_kw = "logits_to_keep" in forward
         self.threads = threads
         self.counters = EngineCounters(budget_tokens=self.budget)
         self.on_finish: FinishHook | None = None

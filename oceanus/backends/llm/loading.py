@@ -1,0 +1,63 @@
+"""Loading a causal language model for the engine: tokenizer, model, and the engine's fast
+paths (oneDNN linears and fused MLPs, linear.py; row attention, attention.py), each checked at
+load and left off when this build or model cannot take it."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from oceanus.backends.llm import attention, linear
+from oceanus.backends.llm.args import EngineArgs
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    tokenizer: Any
+    model: Any
+    dtype: torch.dtype
+    packed_linears: int  # how many linears run on oneDNN (0: the default path)
+    fused_mlps: int
+    row_attention: bool
+    cache_kw: str  # transformers 5 names the cache argument `cache`, earlier `past_key_values`
+    keep_kw: bool  # whether forward takes `logits_to_keep`
+
+
+def load(
+    args: EngineArgs, onednn_linears: bool, fused_mlp: bool, row_attention: bool
+) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no progress bars in the server's log
+
+    dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    tokenizer = AutoTokenizer.from_pretrained(
+        args.tokenizer, trust_remote_code=args.trust_remote_code
+    )
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        args.model, dtype=dtype, trust_remote_code=args.trust_remote_code
+    ).eval()
+    # The matmuls are most of a step: run them on oneDNN with packed weights (linear.py).
+    packed = fused = 0
+    if onednn_linears and linear.usable(dtype):
+        packed = linear.pack_linears(model)
+        fused = linear.fuse_mlps(model) if fused_mlp and packed else 0
+    # Decode attention reads each sequence's own cells, not the batch's longest (attention.py).
+    rows = row_attention and model.config._attn_implementation == "sdpa"
+    if rows:
+        model.set_attn_implementation(attention.register())
+    forward = inspect.signature(model.forward).parameters
+    return LoadedModel(
+        tokenizer=tokenizer,
+        model=model,
+        dtype=dtype,
+        packed_linears=packed,
+        fused_mlps=fused,
+        row_attention=rows,
+        cache_kw="cache" if "cache" in forward else "past_key_values",
+        keep_kw="logits_to_keep" in forward,
+    )
