@@ -267,15 +267,20 @@ def open_targets(
     return runners
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_workload_args(parser: argparse.ArgumentParser) -> None:
+    """The model and the load, as every LLM bench names them (llm_openai.py too)."""
     parser.add_argument("--size", default="100m")
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--prompt-tokens", default="32,512")
     parser.add_argument("--output-tokens", default="64,256")
     parser.add_argument("--requests", type=int, default=1, help="per client")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_workload_args(parser)
     parser.add_argument(
         "--min-requests", type=int, default=0, help="at least this many at each level"
     )

@@ -37,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import benchlib
-from llm import _one_sse, process, server_argv
+from llm import _one_sse, add_workload_args, process, server_argv
 from llm_inproc import Job, make_jobs, summarize
 
 ROUTES = ("generate_stream", "completions", "chat")
@@ -153,11 +153,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--size", default="100m")
-    parser.add_argument("--concurrency", default="1,8,32")
-    parser.add_argument("--prompt-tokens", default="32,512")
-    parser.add_argument("--output-tokens", default="64,256")
-    parser.add_argument("--requests", type=int, default=1, help="per client")
+    add_workload_args(parser)
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=1, help="runs of every route per level")
     args = parser.parse_args()
