@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 
-from oceanus.core.errors import ErrorCode
+from oceanus.core.errors import ErrorCode, InferenceServerError
+
+log = logging.getLogger("oceanus.grpc")
 
 GRPC_STATUS: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.UNKNOWN: grpc.StatusCode.UNKNOWN,
@@ -20,3 +24,11 @@ GRPC_STATUS: dict[ErrorCode, grpc.StatusCode] = {
 
 def grpc_status(code: ErrorCode) -> grpc.StatusCode:
     return GRPC_STATUS.get(code, grpc.StatusCode.UNKNOWN)
+
+
+def failure_status(exc: Exception, what: str) -> tuple[grpc.StatusCode, str]:
+    """The gRPC status for an exception raised while serving an RPC."""
+    if isinstance(exc, InferenceServerError):
+        return grpc_status(exc.code), exc.message
+    log.exception("unexpected error serving %s", what)
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"

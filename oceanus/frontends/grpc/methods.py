@@ -1,13 +1,17 @@
 """The RPCs of `inference.GRPCInferenceService` by name, and Triton's restricted-protocol check:
 shared by the in-process gRPC frontend and the frontend worker processes, which forward these
-methods to the core process."""
+methods to the core process; and the handler that maps a unary RPC's errors to statuses."""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
+
+from oceanus.frontends.grpc.errors import failure_status
 
 # grpc.aio.ServicerContext (grpcio ships no type information)
 Context: TypeAlias = Any
@@ -95,3 +99,22 @@ def restricted(rules: dict[str, tuple[str, str]], category: str, handler: Any) -
         await context.abort(grpc.StatusCode.UNAVAILABLE, denied)
 
     return checked
+
+
+Unary = Callable[[Any, Context], Awaitable[Any]]
+
+
+def unary_handler(name: str, body: Callable[[Any], Any]) -> Unary:
+    """An RPC handler around a function of the request (plain or async), mapping its errors."""
+    is_async = inspect.iscoroutinefunction(body)
+
+    async def handler(request: Any, context: Context) -> Any:
+        try:
+            if is_async:
+                return await body(request)
+            return body(request)
+        except Exception as exc:
+            code, message = failure_status(exc, name)
+        await context.abort(code, message)
+
+    return handler

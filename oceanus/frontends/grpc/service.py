@@ -9,10 +9,9 @@ on a machine without a usable CUDA driver.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
 import grpc
@@ -31,8 +30,8 @@ from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.decoding import DECODE_ON_THREAD_BYTES
 from oceanus.frontends.grpc import codec, health
 from oceanus.frontends.grpc import responses as response_codec
-from oceanus.frontends.grpc.errors import grpc_status
-from oceanus.frontends.grpc.methods import UNARY_METHODS, Context, restricted
+from oceanus.frontends.grpc.errors import failure_status
+from oceanus.frontends.grpc.methods import UNARY_METHODS, Context, restricted, unary_handler
 from oceanus.frontends.header_forward import HeaderForward
 from oceanus.frontends.log_settings import (
     BadLogSetting,
@@ -61,15 +60,6 @@ NO_REPOSITORY_NAME = "'repository_name' specification is not supported"
 
 # A stream's responses in order; a traced response comes with its Trace (finished once written).
 Outbox: TypeAlias = "asyncio.Queue[bytes | tuple[bytes, Trace] | None]"
-Unary = Callable[[Any, Context], Awaitable[Any]]
-
-
-def _failure(exc: Exception, what: str) -> tuple[grpc.StatusCode, str]:
-    """The gRPC status for an exception raised while serving an RPC."""
-    if isinstance(exc, InferenceServerError):
-        return grpc_status(exc.code), exc.message
-    log.exception("unexpected error serving %s", what)
-    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
 
 
 async def _relay(
@@ -84,28 +74,12 @@ async def _relay(
     except asyncio.CancelledError:
         raise
     except Exception as exc:
-        _, text = _failure(exc, "ModelStreamInfer")
+        _, text = failure_status(exc, "ModelStreamInfer")
         outbox.put_nowait(
             response_codec.encode_stream_error(
                 text, request.id, request.model_name, request.model_version, final=True
             )
         )
-
-
-def _unary(name: str, body: Callable[[Any], Any]) -> Unary:
-    """An RPC handler around a function of the request (plain or async), mapping its errors."""
-    is_async = inspect.iscoroutinefunction(body)
-
-    async def handler(request: Any, context: Context) -> Any:
-        try:
-            if is_async:
-                return await body(request)
-            return body(request)
-        except Exception as exc:
-            code, message = _failure(exc, name)
-        await context.abort(code, message)
-
-    return handler
 
 
 class GrpcService:
@@ -335,7 +309,7 @@ class GrpcService:
             response = await self.core.infer(request, caller="ModelInfer RPC")
             return response_codec.encode_infer_response(response)
         except Exception as exc:
-            code, message = _failure(exc, "ModelInfer")
+            code, message = failure_status(exc, "ModelInfer")
         await context.abort(code, message)
         raise AssertionError("unreachable")  # abort raises
 
@@ -443,7 +417,7 @@ class GrpcService:
                     request.trace = trace
             future = self.core.infer(request, caller="ModelStreamInfer RPC")
         except Exception as exc:
-            _, text = _failure(exc, "ModelStreamInfer")
+            _, text = failure_status(exc, "ModelStreamInfer")
             outbox.put_nowait(response_codec.encode_stream_error(text, request_id))
             return
         pending.add(future)
@@ -455,7 +429,7 @@ class GrpcService:
             try:
                 encoded = response_codec.encode_stream_response(future.result())
             except Exception as exc:
-                _, text = _failure(exc, "ModelStreamInfer")
+                _, text = failure_status(exc, "ModelStreamInfer")
                 encoded = response_codec.encode_stream_error(
                     text, request.id, request.model_name, request.model_version, final=True
                 )
@@ -470,7 +444,9 @@ class GrpcService:
         handlers: dict[str, grpc.RpcMethodHandler] = {}
         for method, category, attribute, request_type in UNARY_METHODS:
             handlers[method] = grpc.unary_unary_rpc_method_handler(
-                restricted(self.restrictions, category, _unary(method, getattr(self, attribute))),
+                restricted(
+                    self.restrictions, category, unary_handler(method, getattr(self, attribute))
+                ),
                 request_deserializer=request_type.FromString,
                 response_serializer=_serialize,
             )
@@ -487,7 +463,7 @@ class GrpcService:
         """`grpc.health.v1.Health/Check` (Watch is not offered, as by Triton)."""
         return {
             "Check": grpc.unary_unary_rpc_method_handler(
-                restricted(self.restrictions, "health", _unary("Check", self.health_check)),
+                restricted(self.restrictions, "health", unary_handler("Check", self.health_check)),
                 request_deserializer=health.HealthCheckRequest.FromString,
                 response_serializer=_serialize,
             )
