@@ -29,9 +29,6 @@ from oceanus.trace_flags import trace_config_from_flags
 
 log = logging.getLogger("oceanus.cli")
 
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
-
 # tritonserver flags accepted for compatibility whose features Oceanus does not implement.
 IGNORED_FLAGS = (
     "--backend-directory",

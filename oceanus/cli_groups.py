@@ -15,26 +15,6 @@ log = logging.getLogger("oceanus.cli")
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
-# tritonserver flags accepted for compatibility whose features Oceanus does not implement.
-IGNORED_FLAGS = (
-    "--backend-directory",
-    "--repoagent-directory",
-    "--cache-directory",
-    "--pinned-memory-pool-byte-size",
-    "--cuda-memory-pool-byte-size",
-    "--buffer-manager-thread-count",
-    "--host-policy",
-    "--min-supported-compute-capability",
-    "--http-thread-count",
-    "--grpc-infer-allocation-pool-size",
-    "--grpc-max-response-pool-size",
-    "--grpc-infer-thread-count",
-    "--grpc-infer-response-compression-level",
-    "--reuse-http-port",
-    "--enable-peer-access",
-    "--log-mode",
-)
-
 
 def parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
