@@ -9,7 +9,8 @@
 # Needs the project installed (pip install -e .[bench]) and perf_analyzer
 # (scripts/install_perf_analyzer.sh; on a machine without a network, carry its venv and point
 # PA_VENV at it). Env: WORKERS (default 0,2,4,8,14), REPEAT (2), WINDOW_MS (2000),
-# CONCURRENCY (64: enough clients to keep 14 workers and the core busy). The table goes to
+# CONCURRENCY (64: enough clients to keep 14 workers and the core busy), RINGS=1 (each worker
+# count twice: the link's messages over the socket and in shared-memory rings). The table goes to
 # stdout and bench/results/workers-<timestamp>.json; copy it into bench/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,4 +25,5 @@ exec python bench/workers.py \
   --window-ms "${WINDOW_MS:-2000}" \
   --concurrency "${CONCURRENCY:-64}" \
   --points simple/http,simple/grpc \
-  --no-echo
+  --no-echo \
+  $([ "${RINGS:-0}" = 1 ] && echo --rings)
