@@ -17,6 +17,12 @@ its stub, so their ratio is in-process Oceanus against stub Triton) and `identit
 4 MiB FP32 tensor per request; the one-off shared-memory files Oceanus creates while serving it
 are counted with inotify and printed).
 
+`onnx_identity_one` is the ceiling: the same tensors through an ONNX Identity model, which
+Oceanus runs on the event loop with no stub and no instance thread, so its rate is what
+Oceanus' HTTP frontend and core serve when the model costs nothing. The reference Triton here
+has only the Python backend, so Oceanus alone serves it and the table compares it with Triton's
+`identity_one`: how far any Python-model path could go on this machine.
+
 The reference Triton comes from ../shared/triton-reference/start.sh (the nvidia-pytriton wheel;
 its first use creates a venv, a few minutes). Without it only Oceanus is measured.
 `--baseline` also serves the same models with the Oceanus of another checkout (an earlier commit,
@@ -71,6 +77,7 @@ instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 {parameters}"""
 IN_PROCESS = 'parameters { key: "oceanus_in_process" value { string_value: "true" } }\n'
 
+CEILING = "onnx_identity_one"  # Oceanus only: no Python in the model's path
 DYNA = {"max_batch": 16, "dims": "16", "batching": "dynamic_batching { }"}
 ONE = {"max_batch": 0, "dims": "1, 16", "batching": ""}
 MODELS = {
@@ -79,8 +86,10 @@ MODELS = {
     "identity_dyna_inproc": {**DYNA, "parameters": IN_PROCESS},
     "identity_one_inproc": {**ONE, "parameters": IN_PROCESS},
     "identity_4mib": {"max_batch": 0, "dims": "1, 1048576", "batching": "", "parameters": ""},
+    CEILING: {**ONE, "parameters": ""},
 }
 SERVERS = ("oceanus", "triton")
+CEILING_TWIN = "identity_one"  # the Triton row the ceiling is compared with
 BASELINE = "baseline"  # --baseline: the Oceanus of another checkout
 
 
@@ -89,9 +98,30 @@ def write_repository(root: Path, models: list[str]) -> Path:
         fields = MODELS[name]
         folder = root / name
         (folder / "1").mkdir(parents=True)
-        (folder / "1" / "model.py").write_text(MODEL_PY)
-        (folder / "config.pbtxt").write_text(CONFIG.format(name=name, **fields))
+        config = CONFIG.format(name=name, **fields)
+        if name == CEILING:
+            onnx_identity(folder / "1" / "model.onnx")
+            config = config.replace('backend: "python"', 'platform: "onnxruntime_onnx"')
+        else:
+            (folder / "1" / "model.py").write_text(MODEL_PY)
+        (folder / "config.pbtxt").write_text(config)
     return root
+
+
+def onnx_identity(path: Path) -> None:
+    """An ONNX Identity INPUT0 -> OUTPUT0, FP32 [1, 16], as the model.py's tensors."""
+    from onnx import TensorProto, helper
+
+    from oceanus.examples._graph import make_model
+
+    shape = [1, 16]
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
+        "identity",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, shape)],
+    )
+    path.write_bytes(make_model(graph).SerializeToString())
 
 
 def start(
@@ -172,13 +202,20 @@ def main() -> int:
     one_off: dict[str, dict[str, int]] = {s: {m: 0 for m in models} for s in servers}
     load_before = benchlib.loadavg()
     with tempfile.TemporaryDirectory(prefix="oceanus-pybench-") as tmp:
-        repository = write_repository(Path(tmp), models)
+        repository = write_repository(Path(tmp) / "oceanus", models)
+        # The reference would refuse to start on the ONNX ceiling (its build has no ORT).
+        reference_repository = write_repository(
+            Path(tmp) / "triton", [m for m in models if m != CEILING]
+        )
         for round_index in range(args.repeat):
             order = servers if round_index % 2 == 0 else tuple(reversed(servers))
             for server in order:
-                process, port, pid = start(server, repository, args.baseline)
+                served = reference_repository if server == "triton" else repository
+                process, port, pid = start(server, served, args.baseline)
                 try:
                     for model in models:
+                        if model == CEILING and server == "triton":
+                            continue  # the reference serves Python models only
                         watch = ShmWatch(shm_dir()) if server != "triton" else None
                         result = perf.run_level(
                             binary,
@@ -209,6 +246,7 @@ def main() -> int:
                 "p50_ms": benchlib.median([r.get("p50_ms") or 0.0 for r in results]),
             }
             for model, results in per_model.items()
+            if results
         }
         for server, per_model in runs.items()
     }
@@ -218,7 +256,8 @@ def main() -> int:
         ours = medians["oceanus"][model]
         row = [model, f"{ours['infer_per_s']:.0f}", f"{ours['p50_ms']:.2f}"]
         for server in others:
-            theirs = medians[server][model]
+            twin = CEILING_TWIN if model == CEILING and server == "triton" else model
+            theirs = medians[server].get(twin, {"infer_per_s": 0.0, "p50_ms": 0.0})
             ratio = ours["infer_per_s"] / theirs["infer_per_s"] if theirs["infer_per_s"] else 0
             row += [f"{theirs['infer_per_s']:.0f}", f"{theirs['p50_ms']:.2f}", f"{ratio:.2f}x"]
         rows.append(row)
@@ -230,6 +269,8 @@ def main() -> int:
     print(benchlib.table(headers, rows))
     print(f"concurrency {args.concurrency}, medians of {args.repeat}; load before {load_before}")
     print(f"one-off shared-memory files Oceanus created, all rounds: {one_off['oceanus']}")
+    if CEILING in models and "triton" in servers:
+        print(f"{CEILING}: Oceanus only (ONNX, no Python); its Triton column is {CEILING_TWIN}'s")
     benchlib.write_side_by_side(
         "python-backend", args, load_before, medians=medians, runs=runs, one_off_files=one_off
     )
