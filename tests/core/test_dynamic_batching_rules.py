@@ -387,3 +387,34 @@ def test_responses_carry_the_model_and_request(world: World) -> None:
         assert np.array_equal(response.outputs[0].data, np.full((2, 4), 4.0, np.float32))
 
     world.run(scenario)
+
+
+def test_a_queue_of_one_request_executions_goes_to_the_thread_at_once(world: World) -> None:
+    """Without dynamic batching each request is its own execution; when several are queued for
+    a cheap instance they are handed to its thread together (one hand-off, not one each), and
+    each still executes alone, in arrival order."""
+    world.add("m", IO_FP32, max_batch_size=8)  # no dynamic_batching: one request each
+    model = world.model("m")
+    model.execution_ns = 100_000  # on the manual clock: a cheap model
+
+    async def scenario(core: ServerCore) -> None:
+        scheduler = scheduler_of(core, "m")
+        for i in range(2):  # two executions: the instance's mean cost is now known
+            assert value_of(await outcome(core.infer(world.request("m", rows(1, i)), "test"))) == i
+        model.hold()
+        first = core.infer(world.request("m", rows(1, 10)), "test")
+        await model.wait_executions(3)
+        queued = [core.infer(world.request("m", rows(1, 11 + i)), "test") for i in range(5)]
+        assert scheduler.queued_count == 5
+        model.release(1)  # the first finishes: the five leave the queue in one hand-off
+        await model.wait_executions(4)
+        await until(lambda: scheduler.queued_count == 0)
+        assert len(model.executed) == 4  # ... yet only the next one has started
+        model.release_all()
+        assert value_of(await outcome(first)) == 10
+        assert [value_of(await outcome(f)) for f in queued] == [11, 12, 13, 14, 15]
+        assert model.batch_rows() == [1] * 8
+        assert [e.inputs["IN"][0, 0] for e in model.executed] == [0, 1, 10, 11, 12, 13, 14, 15]
+        assert len({e.thread for e in model.executed}) == 1  # the instance's thread
+
+    world.run(scenario)

@@ -38,6 +38,13 @@ log = logging.getLogger("oceanus.core.scheduler")
 # Triton's test hook: hold the first batch until this many requests are queued.
 DELAY_SCHEDULER_ENV = "TRITONSERVER_DELAY_SCHEDULER"
 
+# The most one-request executions handed to an instance thread at once: enough to spread its
+# two wake-ups over many requests, few enough that the first answer of a group waits little.
+# Only for instances whose mean execution is below GROUP_COST_LIMIT_NS: for a slower model the
+# hand-off is noise, and a group would keep its requests from an instance that frees up first.
+GROUP_LIMIT = 8
+GROUP_COST_LIMIT_NS = 500_000
+
 # (job, its outputs, the batch's timings, completion time, error)
 JobDone = Callable[
     [Job, "dict[str, np.ndarray] | None", BatchResult | None, int, InferenceServerError | None],
@@ -116,6 +123,9 @@ class Scheduler:
         # Without dynamic batching nothing can join a request's batch: a cheap model's lone
         # request executes inside enqueue (see there) instead of a loop iteration later.
         self._in_place_allowed = not self._dynamic
+        # ... and a queue of such requests goes to an instance thread several at a time
+        # (`_launch_group`), each still its own execution.
+        self._groups_allowed = not self._dynamic or self._max_batch == 0
         # The rate limiter's view of the instances (--rate-limit=execution_count), if on.
         self._gate: ModelGate[InstanceThread] | None = None
         self._loop = asyncio.get_running_loop()
@@ -128,6 +138,7 @@ class Scheduler:
         self._gate = gate
         if gate is not None:
             self._in_place_allowed = False
+            self._groups_allowed = False  # the rate limiter allocates per execution
 
     # ---- queue side -------------------------------------------------------------------------
 
@@ -220,7 +231,43 @@ class Scheduler:
             batch = self._form_batch()
             if not batch:
                 return
-            self._launch(self._take_idle(), batch)
+            worker = self._take_idle()
+            if (
+                self._groups_allowed
+                and self._queued > 1
+                and worker.mean_ns < GROUP_COST_LIMIT_NS
+                and not worker.runs_inline
+            ):
+                self._launch_group(worker, batch)
+            else:
+                self._launch(worker, batch)
+
+    def _launch_group(self, worker: InstanceThread, first: list[Job]) -> None:
+        """One request per execution, and more queued: hand the instance its share of the queue
+        (spread over the idle instances, at most GROUP_LIMIT) as executions in one hand-off."""
+        share = min(GROUP_LIMIT, -(-self._queued // (len(self._idle) + 1)))
+        group = [first]
+        # The jobs taken so far are out of the queues but still counted in `_queued`.
+        while len(group) < share and self._queued > len(group):
+            queue, job = next(self._ordered())
+            group.append([self._pop(queue, job)])
+        if len(group) == 1:
+            self._launch(worker, first)
+            return
+        now = self._now_ns()
+        for batch in group:
+            self._queued -= len(batch)
+            self._executing += len(batch)
+            for job in batch:
+                job.started_ns = now
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "%d executions of one request each handed to instance %s of '%s' at once",
+                len(group),
+                worker.spec.name,
+                self._name,
+            )
+        worker.submit_group(group)
 
     def _take_idle(self) -> InstanceThread:
         return self._idle.pop() if self._gate is None else self._gate.take_idle(self._idle)
@@ -360,9 +407,10 @@ class Scheduler:
     ) -> None:
         now = self._now_ns()
         self._executing -= len(batch)
-        self._idle.append(worker)
-        if self._gate is not None:
-            self._gate.release(worker)
+        if worker.group_left == 0:  # the last (or only) batch the instance was handed
+            self._idle.append(worker)
+            if self._gate is not None:
+                self._gate.release(worker)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "instance %s executed a batch of %d for '%s' in %d us%s%s",

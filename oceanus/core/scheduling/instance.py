@@ -11,7 +11,6 @@ import asyncio
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,7 +102,10 @@ class InstanceThread:
         self._batched = batched
         self._loop = loop
         self._on_done: BatchDone | None = None
-        self._batches: queue.SimpleQueue[list[Job] | None] = queue.SimpleQueue()
+        self._batches: queue.SimpleQueue[list[list[Job]] | None] = queue.SimpleQueue()
+        # Batches of the group being handed back that come after the one being delivered: the
+        # scheduler takes the instance as idle only when this is 0.
+        self.group_left = 0
         # The instance under the type it executes as (exactly one is set), checked once here
         # rather than per batch.
         self._request_instance = instance if isinstance(instance, RequestInstance) else None
@@ -128,8 +130,14 @@ class InstanceThread:
         self._thread.start()
 
     def submit(self, batch: list[Job]) -> None:
+        self.submit_group([batch])
+
+    def submit_group(self, batches: list[list[Job]]) -> None:
+        """Execute the batches one after another (each its own execution) and hand them back
+        together: one wake-up of the thread and one of the loop for the group, where a batch
+        each would pay two (the cost that bounds a one-request-per-execute model under load)."""
         ThreadBatches.executing += 1
-        self._batches.put(batch)
+        self._batches.put(batches)
 
     def stop(self, wait: bool = True) -> None:
         self._batches.put(None)
@@ -139,19 +147,25 @@ class InstanceThread:
 
     def _run(self) -> None:
         while True:
-            batch = self._batches.get()
-            if batch is None:
+            batches = self._batches.get()
+            if batches is None:
                 return
-            result = self.execute_now(batch)
+            done = [(batch, self.execute_now(batch)) for batch in batches]
             try:
-                self._loop.call_soon_threadsafe(self._executed, batch, result)
+                self._loop.call_soon_threadsafe(self._executed, done)
             except RuntimeError:  # loop closed during shutdown
                 return
 
-    def _executed(self, batch: list[Job], result: BatchResult) -> None:
+    def _executed(self, done: list[tuple[list[Job], BatchResult]]) -> None:
         ThreadBatches.executing -= 1
         assert self._on_done is not None
-        self._on_done(self, batch, result)
+        last = len(done) - 1
+        for index, (batch, result) in enumerate(done):
+            if index:  # it waited on this thread for the ones before it: queue time, as in Triton
+                for job in batch:
+                    job.started_ns = result.started_ns
+            self.group_left = last - index
+            self._on_done(self, batch, result)
 
     @property
     def runs_inline(self) -> bool:
@@ -160,9 +174,9 @@ class InstanceThread:
 
     def execute_now(self, batch: list[Job]) -> BatchResult:
         """Execute on the calling thread, updating the mean execution time."""
-        started = time.perf_counter_ns()
+        started = self._now_ns()
         result = self._execute(batch)
-        took = time.perf_counter_ns() - started
+        took = self._now_ns() - started
         self._executions += 1
         if self._executions > 1:  # the first run warms the framework up: not representative
             mean = self.mean_ns
