@@ -24,7 +24,7 @@ import logging
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -130,6 +130,7 @@ class PythonInstance(RequestInstance):
             self._inflight, ServerCalls(server, config.name), self._on_is_ready
         )
         self._keys = itertools.count(1)
+        self._last_answer_ns = 0  # when the stub last answered a batch (the instance thread's)
         self._batch_ids = itertools.count(1)
         self._start()
 
@@ -323,6 +324,11 @@ class PythonInstance(RequestInstance):
     # ---- execution ----------------------------------------------------------------------------
 
     def execute_requests(self, jobs: Sequence[RequestJob]) -> RequestsResult:
+        return self.start_requests(jobs)()
+
+    def start_requests(self, jobs: Sequence[RequestJob]) -> Callable[[], RequestsResult]:
+        """Send the batch to the stub now; the stub executes what it is sent in order, so the
+        instance thread can send a group's batches before it waits for the first."""
         started = time.monotonic_ns()
         keys = [next(self._keys) for _ in jobs]
         input_types, all_outputs = self._input_types, self._all_outputs
@@ -334,8 +340,13 @@ class PythonInstance(RequestInstance):
             request_head(k, j.request, all_outputs, states) for k, j in zip(keys, jobs, strict=True)
         ]
         stub, batch = self._send(jobs, keys, groups, heads)
+        return functools.partial(self._result, stub, batch, started, time.monotonic_ns())
+
+    def _result(self, stub: Stub, batch: Batch, started: int, sent: int) -> RequestsResult:
+        """Wait for a sent batch's answer. Its execution began when it was sent or, sent behind
+        others, when the one before it was answered."""
+        begun = max(sent, self._last_answer_ns)
         try:
-            sent = time.monotonic_ns()
             assert stub.mailbox is not None
             if stub.mailbox.wait(lambda: batch.done, self._execute_timeout or None):
                 item = batch.result
@@ -347,11 +358,11 @@ class PythonInstance(RequestInstance):
             self._inflight.forget_streams(batch)  # the core ends them with the error
             raise item
         outputs, parameters, output_ns = item
-        done = time.monotonic_ns()
+        done = self._last_answer_ns = time.monotonic_ns()
         return RequestsResult(
             outputs,
             input_ns=sent - started,
-            infer_ns=done - sent - output_ns,
+            infer_ns=done - begun - output_ns,
             output_ns=output_ns,
             parameters=parameters if any(p is not None for p in parameters) else None,
         )

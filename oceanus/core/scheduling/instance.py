@@ -8,6 +8,7 @@ the finished batch to the loop in one `call_soon_threadsafe`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
@@ -22,6 +23,7 @@ from oceanus.core.backend import (
     BatchInstance,
     InstanceSpec,
     RequestInstance,
+    RequestsResult,
     ResponseStream,
 )
 from oceanus.core.clock import MONOTONIC, Clock
@@ -150,7 +152,10 @@ class InstanceThread:
             batches = self._batches.get()
             if batches is None:
                 return
-            done = [(batch, self.execute_now(batch)) for batch in batches]
+            if len(batches) > 1 and self._request_instance is not None:
+                done = self._execute_request_group(self._request_instance, batches)
+            else:
+                done = [(batch, self.execute_now(batch)) for batch in batches]
             try:
                 self._loop.call_soon_threadsafe(self._executed, done)
             except RuntimeError:  # loop closed during shutdown
@@ -176,7 +181,30 @@ class InstanceThread:
         """Execute on the calling thread, updating the mean execution time."""
         started = self._now_ns()
         result = self._execute(batch)
-        took = self._now_ns() - started
+        self._note_time(self._now_ns() - started)
+        return result
+
+    def _execute_request_group(
+        self, instance: RequestInstance, batches: list[list[Job]]
+    ) -> list[tuple[list[Job], BatchResult]]:
+        """Start every execution of the group, then wait for each in turn: each is still its
+        own execution, and one that fails to start fails alone."""
+        waits: list[tuple[list[Job], Callable[[], RequestsResult]]] = []
+        for batch in batches:
+            try:
+                wait = instance.start_requests(batch)
+            except Exception as exc:  # reported by _requests_result, as any execution's error
+                wait = functools.partial(_raise, exc)
+            waits.append((batch, wait))
+        done = []
+        for batch, wait in waits:
+            started = self._now_ns()  # this one runs once the one before it is done
+            result = self._requests_result(batch, started, wait)
+            self._note_time(self._now_ns() - started)
+            done.append((batch, result))
+        return done
+
+    def _note_time(self, took: int) -> None:
         self._executions += 1
         if self._executions > 1:  # the first run warms the framework up: not representative
             mean = self.mean_ns
@@ -184,7 +212,6 @@ class InstanceThread:
             # must not send the next batches to the thread, while a model that really got
             # slower still raises the mean by 20 % per batch.
             self.mean_ns = took if mean == float("inf") else 0.8 * mean + 0.2 * min(took, 2 * mean)
-        return result
 
     def _execute(self, batch: list[Job]) -> BatchResult:
         if self._request_instance is not None:
@@ -216,9 +243,16 @@ class InstanceThread:
 
     def _execute_requests(self, instance: RequestInstance, batch: list[Job]) -> BatchResult:
         """The per-request path: the backend gets the requests themselves and answers each."""
-        result = BatchResult(started_ns=self._now_ns())
+        return self._requests_result(
+            batch, self._now_ns(), functools.partial(instance.execute_requests, batch)
+        )
+
+    def _requests_result(
+        self, batch: list[Job], started_ns: int, run: Callable[[], RequestsResult]
+    ) -> BatchResult:
+        result = BatchResult(started_ns=started_ns)
         try:
-            done = instance.execute_requests(batch)
+            done = run()
         except InferenceServerError as exc:
             result.error = exc
             return result
@@ -264,6 +298,10 @@ class InstanceThread:
             per_job.append({name: array[offset:end] for name, array in outputs.items()})
             offset = end
         return per_job
+
+
+def _raise(exc: Exception) -> RequestsResult:
+    raise exc
 
 
 def _assemble(batch: list[Job]) -> dict[str, np.ndarray]:
