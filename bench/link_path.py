@@ -12,6 +12,10 @@ With `--trees A,B` each round runs this script once per tree (PYTHONPATH=<tree>)
 so the machine's noise hits both alike; medians and the ratio B/A are printed.
 
     python bench/link_path.py [--requests 20000] [--batch 8] [--rounds 5] [--trees ../main,.]
+                              [--busy-neighbour]
+
+`--busy-neighbour` keeps another CPU busy meanwhile: on the 2-vCPU VMs this alone makes the
+same Python cost about 1.4x the CPU time (docs/architecture.md, "The core's budget").
 """
 
 from __future__ import annotations
@@ -119,6 +123,12 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=8, help="Infer messages per read")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--trees", default=".", help="comma-separated checkouts to compare")
+    parser.add_argument(
+        "--busy-neighbour",
+        action="store_true",
+        help="keep another CPU busy meanwhile (a Python busy loop), as the workers and the "
+        "load generator do in the server: what that alone adds to the core's CPU time",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -126,11 +136,19 @@ def main() -> int:
         return 0
     trees = [Path(tree).resolve() for tree in args.trees.split(",")]
     rows: dict[Path, list[dict[str, float]]] = {tree: [] for tree in trees}
-    for round_index in range(args.rounds):
-        for tree in trees:
-            result = _run_tree(tree, args.requests, args.batch)
-            rows[tree].append(result)
-            print(f"round {round_index + 1} {tree.name}: {result}")
+    neighbour = None
+    if args.busy_neighbour:
+        neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        for round_index in range(args.rounds):
+            for tree in trees:
+                result = _run_tree(tree, args.requests, args.batch)
+                rows[tree].append(result)
+                print(f"round {round_index + 1} {tree.name}: {result}")
+    finally:
+        if neighbour is not None:
+            neighbour.kill()
+            neighbour.wait()
     medians: dict[str, dict[str, Any]] = {}
     for tree, results in rows.items():
         medians[str(tree)] = {
