@@ -70,6 +70,30 @@ def sleeps(pid: int) -> int:
     return total
 
 
+def switches_and_syscalls(pid: int) -> tuple[int, int, int]:
+    """(times preempted: involuntary context switches of all its threads, read system calls,
+    write system calls) of a process so far (zeros once it is gone): with the sleeps, the core's
+    per-request budget beyond its Python (docs/architecture.md, "The core's budget")."""
+    preempted = reads = writes = 0
+    try:
+        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+            if line.startswith("syscr:"):
+                reads = int(line.split()[1])
+            elif line.startswith("syscw:"):
+                writes = int(line.split()[1])
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return 0, 0, 0
+    for task in tasks:
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("nonvoluntary_ctxt_switches:"):
+                    preempted += int(line.split()[1])
+        except OSError:
+            continue
+    return preempted, reads, writes
+
+
 def worker_pids(core_pid: int) -> list[int]:
     """The core's frontend worker children (python -m oceanus.frontend_worker)."""
     found = []
@@ -117,6 +141,7 @@ def measure(
     before_core = cpu_seconds(core)
     before_workers = sum(cpu_seconds(pid) for pid in workers)
     before_sleeps = sleeps(core), sum(sleeps(pid) for pid in workers)
+    before_counters = switches_and_syscalls(core)
     before_count = served(server.http_url, model)
     row = perf.run_level(
         pa[0], pa[1], model, url, args.concurrency, protocol=protocol, window_ms=args.window_ms
@@ -126,6 +151,7 @@ def measure(
     workers_s = sum(cpu_seconds(pid) for pid in workers) - before_workers
     core_sleeps = sleeps(core) - before_sleeps[0]
     worker_sleeps = sum(sleeps(pid) for pid in workers) - before_sleeps[1]
+    counters = [b - a for a, b in zip(before_counters, switches_and_syscalls(core), strict=True)]
     result: dict[str, Any] = {
         "infer_per_s": row.get("throughput"),
         "p99_ms": row.get("p99_ms"),
@@ -139,6 +165,9 @@ def measure(
         result["total_us"] = round((core_s + workers_s) / requests * 1e6, 1)
         result["core_wakeups"] = round(core_sleeps / requests, 2)
         result["frontend_wakeups"] = round(worker_sleeps / requests, 2)
+        names = ("core_preempted", "core_reads", "core_writes")
+        for key, count in zip(names, counters, strict=True):
+            result[key] = round(count / requests, 2)
         core_bound = 1e6 / result["core_us"] if result["core_us"] else float("inf")
         if workers:
             frontend_bound = 15e6 / result["frontend_us"] if result["frontend_us"] else 0.0
@@ -260,7 +289,10 @@ def main() -> int:
                         f"round {round_index + 1} {key}: {result.get('infer_per_s')} infer/s, "
                         f"core {result.get('core_us')} us, "
                         f"frontends {result.get('frontend_us')} us, "
-                        f"core wake-ups {result.get('core_wakeups')}/req"
+                        f"core wake-ups {result.get('core_wakeups')}/req, "
+                        f"preempted {result.get('core_preempted')}/req, "
+                        f"read/write calls {result.get('core_reads')}/"
+                        f"{result.get('core_writes')} per req"
                     )
         for label, server in servers.items():
             if ("simple_dyna", "http") not in points:
@@ -280,6 +312,9 @@ def main() -> int:
                 "total_us",
                 "core_wakeups",
                 "frontend_wakeups",
+                "core_preempted",
+                "core_reads",
+                "core_writes",
                 "projected_16_cores",
             )
         }

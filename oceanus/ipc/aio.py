@@ -24,12 +24,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from oceanus.ipc.channel import LENGTH, MessageKinds, frame
+from oceanus.ipc.channel import LENGTH, MessageKinds
 from oceanus.ipc.msgring import MsgRingReader, MsgRingWriter, RingCorrupt
 
 log = logging.getLogger("oceanus.ipc")
 _new_tuple = tuple.__new__
 _DOORBELL = LENGTH.pack(0)
+_pack_length = LENGTH.pack
 # How long a reader keeps polling its ring after the last message before it arms and sleeps
 # (OCEANUS_LINK_SPIN_US; bench/workers.py measured the default: docs/architecture.md).
 SPIN_NS = int(os.environ.get("OCEANUS_LINK_SPIN_US", "50")) * 1000
@@ -91,7 +92,9 @@ class AioChannel(asyncio.Protocol):
     def send(self, message: tuple[Any, ...]) -> None:
         if self.closed:
             return
-        data = frame(message)
+        # channel.frame, inlined: this runs once per message.
+        data = marshal.dumps(message[:])
+        data = _pack_length(len(data)) + data
         out = self._out
         if out is None:
             self._outgoing.append(data)
@@ -142,13 +145,15 @@ class AioChannel(asyncio.Protocol):
         offset, end = 0, len(data)
         on_message = self._on_message
         classes = self._classes
+        unpack_from = LENGTH.unpack_from
+        ring = self._in is not None
         view = memoryview(data)
         try:
             while end - offset >= 4:
-                (length,) = LENGTH.unpack_from(data, offset)
+                (length,) = unpack_from(data, offset)
                 if end - offset - 4 < length:
                     break
-                if self._in is not None:  # a doorbell, or a frame too big for the ring
+                if ring:  # a doorbell, or a frame too big for the ring
                     if length:
                         self._socket_frames.append(bytes(view[offset + 4 : offset + 4 + length]))
                     offset += 4 + length

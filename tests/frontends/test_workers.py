@@ -76,6 +76,29 @@ def test_a_request_and_its_response_cross_unchanged(datatype: str, array: np.nda
     assert back.requested == {"OUT": request.outputs[0]}  # type: ignore[index]
 
 
+def test_response_outputs_cross_in_c_order_whatever_their_layout_or_dtype() -> None:
+    """encode_response's short path (one tobytes for a small output of its datatype's dtype)
+    must give the bytes the general one gives: C order for a transposed or strided view, and
+    an output in another dtype than its datatype's (a Python model's) keeps that dtype."""
+    base = np.arange(12, dtype=np.int32).reshape(3, 4)
+    outputs = [
+        Tensor("T", "INT32", (4, 3), base.T),  # Fortran-ordered view
+        Tensor("S", "INT32", (3, 2), base[:, ::2]),  # strided view
+        Tensor("D", "FP32", (2,), np.array([1.5, 2.5], dtype=np.float64)),  # another dtype
+    ]
+    request = InferRequest("model")
+    fields, block = m.encode_response(InferResponse("model", "1", "", outputs))
+    assert block is None
+    payloads = {name: (payload, dtype) for name, _, _, payload, dtype in fields[3]}
+    assert payloads["T"] == (np.ascontiguousarray(base.T).tobytes(), "")
+    assert payloads["S"] == (np.ascontiguousarray(base[:, ::2]).tobytes(), "")
+    assert payloads["D"][1] == np.dtype(np.float64).str
+    back = {t.name: t.data for t in m.decode_response(fields, request).outputs}
+    assert back["T"].tolist() == base.T.tolist()
+    assert back["S"].tolist() == base[:, ::2].tolist()
+    assert back["D"].dtype == np.float64 and back["D"].tolist() == [1.5, 2.5]
+
+
 def test_requests_only_the_core_can_carry_are_refused_by_the_codec() -> None:
     plain = np.zeros(2, dtype=np.int32)
     with pytest.raises(m.NeedsCore):  # a datatype the core's validation would have to convert

@@ -93,11 +93,14 @@ class CoreLink:
         # Called before a forwarded call is answered: a call that changed server state the
         # workers mirror (trace settings) then reaches every worker before its caller's answer.
         self.on_control: Callable[[], None] = lambda: None
+        # The worker's Hello (it listens, or says why not): the supervisor's business.
+        self.on_hello: Callable[[m.Hello], None] = lambda _: None
         # id -> what cancels it: a core future, or the task answering a forwarded call
         self._active: dict[int, asyncio.Future[Any]] = {}
         self._streams: dict[int, asyncio.Queue[bytes | None]] = {}
         self._table: dict[type, Callable[[Any], None]] = {
             m.Infer: self._infer,
+            m.Hello: lambda message: self.on_hello(message),
             m.Cancel: self._cancel,
             m.Http: self._forward_http,
             m.Grpc: lambda message: self._track(message.id, self._grpc_unary(message)),
@@ -151,24 +154,28 @@ class CoreLink:
         except Exception as exc:
             self._send(m.InferError(call_id, *m.error_fields(exc)))
             return
-        self._active[call_id] = future
-        if future.done():  # executed in place (a cheap model)
-            self._infer_done(call_id, future)
+        if future.done():  # executed in place (a cheap model): nothing left to cancel
+            self._answer(call_id, future)
             return
+        self._active[call_id] = future
         future.add_done_callback(lambda done: self._infer_done(call_id, done))
 
     def _infer_done(self, call_id: int, future: asyncio.Future[InferResponse]) -> None:
         if self._active.pop(call_id, None) is None and future.cancelled():
             return  # the worker cancelled it: its client has gone
-        if future.cancelled():
+        self._answer(call_id, future)
+
+    def _answer(self, call_id: int, future: asyncio.Future[InferResponse]) -> None:
+        try:  # one call for the usual answer, not cancelled() + exception() + result()
+            response = future.result()
+        except asyncio.CancelledError:
             self._send(m.InferError(call_id, ErrorCode.UNAVAILABLE.value, CANCELLED))
             return
-        exc = future.exception()
-        if exc is not None:
+        except Exception as exc:
             self._send(m.InferError(call_id, *m.error_fields(exc)))
             return
         try:
-            fields, block = m.encode_response(future.result(), self.writer)
+            fields, block = m.encode_response(response, self.writer)
         except Exception as error:
             self._send(m.InferError(call_id, *m.error_fields(error)))
             return

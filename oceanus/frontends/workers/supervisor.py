@@ -145,14 +145,13 @@ class FrontendWorkers:
         )
         capacity = self._rings(worker, link)
 
-        def on_message(message: Any) -> None:
-            if isinstance(message, m.Hello):
-                if worker.hello is not None and not worker.hello.done():
-                    worker.hello.set_result(message.error)
-                return
-            link.receive(message)
+        def on_hello(message: m.Hello) -> None:
+            if worker.hello is not None and not worker.hello.done():
+                worker.hello.set_result(message.error)
 
-        channel = await AioChannel.open(parent, m.KINDS, on_message, link.lost, worker.msg_rings)
+        link.on_hello = on_hello
+        # The link reads every message itself: no wrapper call per request.
+        channel = await AioChannel.open(parent, m.KINDS, link.receive, link.lost, worker.msg_rings)
         link.channel = channel
         worker.process = subprocess.Popen(
             [
