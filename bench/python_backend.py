@@ -10,6 +10,7 @@ bench/results/python-backend-<timestamp>.json with the exact commands.
 
     python bench/python_backend.py [--repeat 3] [--concurrency 16] [--window-ms 2000]
                                    [--baseline OTHER_CHECKOUT] [--models NAME,...]
+                                   [--oceanus-args "--frontend-workers=8 ..."]
 
 Issue 28 adds `identity_dyna_inproc` / `identity_one_inproc` (the same models with Oceanus's
 `oceanus_in_process` parameter; Triton ignores parameters it does not know and serves them with
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +127,7 @@ def onnx_identity(path: Path) -> None:
 
 
 def start(
-    server: str, repository: Path, baseline: Path | None = None
+    server: str, repository: Path, baseline: Path | None = None, extra: Sequence[str] = ()
 ) -> tuple[subprocess.Popen[bytes] | None, int, int]:
     """(process or None for the reference, whose pid is killed by stop), http port, pid."""
     http, grpc_port, metrics = (benchlib.free_port() for _ in range(3))
@@ -142,6 +144,7 @@ def start(
                 "--allow-metrics=false",
                 "--http-address=127.0.0.1",
                 "--grpc-address=127.0.0.1",
+                *extra,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -183,6 +186,11 @@ def main() -> int:
     parser.add_argument("--window-ms", type=int, default=2000)
     parser.add_argument("--baseline", type=Path, help="another checkout to serve beside this one")
     parser.add_argument(
+        "--oceanus-args",
+        default="",
+        help="extra flags for both Oceanus servers, space-separated (e.g. --frontend-workers=8)",
+    )
+    parser.add_argument(
         "--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}"
     )
     args = parser.parse_args()
@@ -211,7 +219,7 @@ def main() -> int:
             order = servers if round_index % 2 == 0 else tuple(reversed(servers))
             for server in order:
                 served = reference_repository if server == "triton" else repository
-                process, port, pid = start(server, served, args.baseline)
+                process, port, pid = start(server, served, args.baseline, args.oceanus_args.split())
                 try:
                     for model in models:
                         if model == CEILING and server == "triton":
