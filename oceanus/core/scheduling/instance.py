@@ -112,6 +112,12 @@ class InstanceThread:
         # rather than per batch.
         self._request_instance = instance if isinstance(instance, RequestInstance) else None
         self._batch_instance = instance if isinstance(instance, BatchInstance) else None
+        # Whether a group's executions can all be started before the first is awaited: only
+        # where the backend says so (by default `start_requests` runs the execution there).
+        self._pipelined = (
+            self._request_instance is not None
+            and type(self._request_instance).start_requests is not RequestInstance.start_requests
+        )
         if self._request_instance is None and self._batch_instance is None:
             raise TypeError(
                 f"{type(instance).__name__} is neither a BatchInstance nor a RequestInstance"
@@ -152,7 +158,8 @@ class InstanceThread:
             batches = self._batches.get()
             if batches is None:
                 return
-            if len(batches) > 1 and self._request_instance is not None:
+            if len(batches) > 1 and self._pipelined:
+                assert self._request_instance is not None
                 done = self._execute_request_group(self._request_instance, batches)
             else:
                 done = [(batch, self.execute_now(batch)) for batch in batches]
