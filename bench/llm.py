@@ -14,7 +14,8 @@ shared machine:
 
 A target may name its precisions after a colon, so that one run compares equal work:
 `oceanus:bf16` / `inproc:bf16` load the model with model.json's `dtype: "bfloat16"` (weights,
-matmuls and KV cache in bf16; plain `oceanus` is fp32 throughout); `openvino:COMPUTE/KV` sets
+matmuls and KV cache in bf16; plain `oceanus` is fp32 throughout), `oceanus:fp32/bf16` keeps
+fp32 matmuls over a bf16 KV cache (`kv_cache_dtype`); `openvino:COMPUTE/KV` sets
 the CPU plugin's inference precision and KV-cache precision (f32, bf16, f16, u8; plain
 `openvino` is f32/f32, our fp32 engine's work), `openvino:default` leaves both to the plugin.
 Every row of the table and every result in the JSON says which precisions it ran at.
@@ -76,6 +77,15 @@ from llm_servers import server_argv as server_argv
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ("oceanus", "inproc", "hf_cb", "naive", "serve", "openvino")
 DTYPES = {"": "float32", "fp32": "float32", "f32": "float32", "bf16": "bfloat16"}
+
+
+def engine_dtypes(target: str) -> dict[str, str]:
+    """model.json's dtype and kv_cache_dtype for one of our targets (`oceanus:bf16`, ...)."""
+    wanted = precision(target)
+    names = {"fp32": "float32", "bf16": "bfloat16"}
+    return {"dtype": names[wanted["compute"]], "kv_cache_dtype": names[wanted["kv_cache"]]}
+
+
 OV_PRECISIONS = ("f32", "bf16", "f16", "u8", "default")
 
 
@@ -83,10 +93,12 @@ def precision(target: str) -> dict[str, str]:
     """What a target label (`name[:variant]`, see the docstring) computes and caches in."""
     name, _, variant = target.partition(":")
     if name in ("oceanus", "inproc"):
-        if variant not in DTYPES:
-            raise SystemExit(f"{target}: our engine runs fp32 or bf16 (`{name}:bf16`)")
-        dtype = "bf16" if DTYPES[variant] == "bfloat16" else "fp32"
-        return {"compute": dtype, "kv_cache": dtype}
+        compute, _, kv = variant.partition("/")
+        if compute not in DTYPES or kv not in DTYPES:
+            raise SystemExit(f"{target}: our engine runs fp32 or bf16 (`{name}:bf16`, fp32/bf16)")
+        compute = "bf16" if DTYPES[compute] == "bfloat16" else "fp32"
+        kv = compute if not kv else "bf16" if DTYPES[kv] == "bfloat16" else "fp32"
+        return {"compute": compute, "kv_cache": kv}
     if name == "openvino":
         compute, _, kv = (variant or "f32/f32").partition("/")
         kv = kv or ("default" if compute == "default" else compute)
@@ -237,11 +249,13 @@ def open_targets(
     for target in targets:
         if target.partition(":")[0] != "inproc":
             continue
+        dtypes = engine_dtypes(target)
         engine = Engine(
             EngineArgs(
                 model=folder,
                 tokenizer=folder,
-                dtype=DTYPES[target.partition(":")[2]],
+                dtype=dtypes["dtype"],
+                kv_cache_dtype=dtypes["kv_cache_dtype"],
                 max_model_len=args.max_len,
                 max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens,
@@ -298,11 +312,10 @@ def open_targets(
             continue
         port = benchlib.free_port()
         # Each oceanus variant has its own repository (model.json's dtype) and server.
-        served = repo / (variant or "fp32")
+        served = repo / (variant.replace("/", "-") or "fp32")
         if base == "oceanus":
-            write_llm_model(
-                served, "llm", size=args.size, engine_args={**engine_args, "dtype": DTYPES[variant]}
-            )
+            dtypes = engine_dtypes(target)
+            write_llm_model(served, "llm", size=args.size, engine_args={**engine_args, **dtypes})
         argv, health = server_argv(base, folder, served, port)
         try:
             url = stack.enter_context(process(argv, port, health, log_dir / f"{target}.log"))
