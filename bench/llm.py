@@ -318,7 +318,8 @@ def open_targets(
             write_llm_model(served, "llm", size=args.size, engine_args={**engine_args, **dtypes})
         argv, health = server_argv(base, folder, served, port)
         try:
-            url = stack.enter_context(process(argv, port, health, log_dir / f"{target}.log"))
+            log = log_dir / f"{target.replace('/', '-')}.log"
+            url = stack.enter_context(process(argv, port, health, log))
         except Exception as exc:  # a baseline that does not run here is reported, not fatal
             results[target]["error"] = str(exc)[-500:]
             print(f"{target}: failed: {str(exc)[-300:]}", flush=True)
