@@ -14,9 +14,9 @@ Precisions: --precision is the CPU plugin's INFERENCE_PRECISION_HINT (the matmul
 --kv-precision its KV_CACHE_PRECISION (the paged KV cache); both default to f32, the work our
 fp32 engine does; `default` passes nothing and lets the plugin choose (bf16 compute on a CPU
 with AVX512-BF16 or AMX). The KV cache precision matters at c32: with contexts of up to ~770
-tokens a decode step reads more KV cache than weights. Left to itself the plugin did NOT keep
-it in f32 even under an f32 hint: its 2 GB cache then filled half as fast as with an explicit
-f32 KV cache (a 16-bit cache), u8 ~30 % as fast (max_cache_usage_pct, docs/llm.md).
+tokens a decode step reads as much KV cache as weights. Left to itself the plugin did NOT keep
+it in f32, even under an f32 hint: its 2 GB cache then peaked at half the fill of an explicit
+f32 KV cache (16 bits a value), an explicit u8 at ~40 % (max_cache_usage_pct, docs/llm.md).
 
     python bench/llm_openvino.py --model DIR --ir-dir DIR --jobs FILE.json
                                  [--max-num-seqs 32] [--max-num-batched-tokens 512]
