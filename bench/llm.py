@@ -12,6 +12,14 @@ shared machine:
             by another interpreter (--openvino-python: a venv with openvino-genai and
             optimum-intel, kept out of the project's environment); skipped without it
 
+A target may name its precisions after a colon, so that one run compares equal work:
+`oceanus:bf16` / `inproc:bf16` load the model with model.json's `dtype: "bfloat16"` (weights,
+matmuls and KV cache in bf16; plain `oceanus` is fp32 throughout), `oceanus:fp32/bf16` keeps
+fp32 matmuls over a bf16 KV cache (`kv_cache_dtype`); `openvino:COMPUTE/KV` sets
+the CPU plugin's inference precision and KV-cache precision (f32, bf16, f16, u8; plain
+`openvino` is f32/f32, our fp32 engine's work), `openvino:default` leaves both to the plugin.
+Every row of the table and every result in the JSON says which precisions it ran at.
+
 Each of `concurrency` clients sends `--requests` requests one after the other; prompts and
 output lengths are drawn once (fixed seed) from the given ranges and shared by every target.
 Outputs ignore EOS where the target allows it, so every target writes the same token counts.
@@ -22,6 +30,7 @@ The naive server does not stream: its time to first token is its whole latency.
                         [--max-num-batched-tokens 512] [--stagger-ms 0] [--warmup]
                         [--min-requests 0] [--repeats 1]
                         [--openvino-python VENV/bin/python] [--openvino-ir-dir DIR]
+    e.g. --targets oceanus,openvino,oceanus:bf16,openvino:bf16/bf16
 
 --stagger-ms 0 (the default) starts every client at once: a burst of `c` prompts, whose time
 to first token is bound by prefilling all of them; with N > 0 client i starts i*N ms late.
@@ -67,6 +76,38 @@ from llm_servers import server_argv as server_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ("oceanus", "inproc", "hf_cb", "naive", "serve", "openvino")
+DTYPES = {"": "float32", "fp32": "float32", "f32": "float32", "bf16": "bfloat16"}
+
+
+def engine_dtypes(target: str) -> dict[str, str]:
+    """model.json's dtype and kv_cache_dtype for one of our targets (`oceanus:bf16`, ...)."""
+    wanted = precision(target)
+    names = {"fp32": "float32", "bf16": "bfloat16"}
+    return {"dtype": names[wanted["compute"]], "kv_cache_dtype": names[wanted["kv_cache"]]}
+
+
+OV_PRECISIONS = ("f32", "bf16", "f16", "u8", "default")
+
+
+def precision(target: str) -> dict[str, str]:
+    """What a target label (`name[:variant]`, see the docstring) computes and caches in."""
+    name, _, variant = target.partition(":")
+    if name in ("oceanus", "inproc"):
+        compute, _, kv = variant.partition("/")
+        if compute not in DTYPES or kv not in DTYPES:
+            raise SystemExit(f"{target}: our engine runs fp32 or bf16 (`{name}:bf16`, fp32/bf16)")
+        compute = "bf16" if DTYPES[compute] == "bfloat16" else "fp32"
+        kv = compute if not kv else "bf16" if DTYPES[kv] == "bfloat16" else "fp32"
+        return {"compute": compute, "kv_cache": kv}
+    if name == "openvino":
+        compute, _, kv = (variant or "f32/f32").partition("/")
+        kv = kv or ("default" if compute == "default" else compute)
+        if compute not in OV_PRECISIONS or kv not in OV_PRECISIONS:
+            raise SystemExit(f"{target}: openvino:COMPUTE/KV, each one of {OV_PRECISIONS}")
+        return {"compute": compute, "kv_cache": kv}
+    if variant:
+        raise SystemExit(f"{target}: only oceanus, inproc and openvino take a precision")
+    return {"compute": "fp32", "kv_cache": "fp32"}  # transformers' default dtype
 
 
 # ---- over HTTP --------------------------------------------------------------------------------
@@ -194,16 +235,27 @@ def open_targets(
 
     from oceanus.backends.llm.args import EngineArgs
     from oceanus.backends.llm.engine import Engine
+    from oceanus.examples.llm import write_llm_model
 
     stagger = args.stagger_ms / 1000
+    engine_args = {
+        "max_model_len": args.max_len,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+    }
     warmup = args.warmup
     first = next(iter(jobs.values()))[:1]
     runners: dict[str, Runner] = {}
-    if "inproc" in targets:
+    for target in targets:
+        if target.partition(":")[0] != "inproc":
+            continue
+        dtypes = engine_dtypes(target)
         engine = Engine(
             EngineArgs(
                 model=folder,
                 tokenizer=folder,
+                dtype=dtypes["dtype"],
+                kv_cache_dtype=dtypes["kv_cache_dtype"],
                 max_model_len=args.max_len,
                 max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens,
@@ -212,7 +264,11 @@ def open_targets(
         )
         stack.callback(engine.close)
         run_inproc(engine, first, 1)
-        runners["inproc"] = lambda c: {c: run_inproc(engine, jobs[c], c, stagger, warmup)}
+
+        def inproc(c: int, engine: Engine = engine) -> dict[int, dict[str, Any]]:
+            return {c: run_inproc(engine, jobs[c], c, stagger, warmup)}
+
+        runners[target] = inproc
     if "hf_cb" in targets:
         from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -225,43 +281,54 @@ def open_targets(
         stack.callback(lambda: manager.stop(block=True))
         run_hf_cb(manager, first, 1)
         runners["hf_cb"] = lambda c: {c: run_hf_cb(manager, jobs[c], c)}
-    if "openvino" in targets:
+    ir_dir = Path(args.openvino_ir_dir or folder.parent / f"{args.size}-openvino")
+    limits = [args.max_num_seqs, args.max_num_batched_tokens]
+    for target in targets:
+        if target.partition(":")[0] != "openvino":
+            continue
         if not args.openvino_python:
-            results["openvino"]["error"] = "skipped: no --openvino-python"
-        else:
-            ir_dir = Path(args.openvino_ir_dir or folder.parent / f"{args.size}-openvino")
-            limits = [args.max_num_seqs, args.max_num_batched_tokens]
+            results[target]["error"] = "skipped: no --openvino-python"
+            continue
+        wanted = precision(target)
 
-            def openvino(c: int) -> dict[int, dict[str, Any]]:
-                # A process per call (it loads the converted model again, a few seconds).
-                got = run_openvino(
-                    args.openvino_python,
-                    folder,
-                    ir_dir,
-                    {c: jobs[c]},
-                    limits,
-                    args.stagger_ms,
-                    warmup,
-                )
-                return {int(level): result for level, result in got.items()}
+        def openvino(c: int, wanted: dict[str, str] = wanted) -> dict[int, dict[str, Any]]:
+            # A process per call (it loads the converted model again, a few seconds).
+            got = run_openvino(
+                args.openvino_python,
+                folder,
+                ir_dir,
+                {c: jobs[c]},
+                limits,
+                args.stagger_ms,
+                warmup,
+                (wanted["compute"], wanted["kv_cache"]),
+            )
+            return {int(level): result for level, result in got.items()}
 
-            runners["openvino"] = openvino
-    for target in ("oceanus", "naive", "serve"):
-        if target not in targets:
+        runners[target] = openvino
+    for target in targets:
+        base, _, variant = target.partition(":")
+        if base not in ("oceanus", "naive", "serve"):
             continue
         port = benchlib.free_port()
-        argv, health = server_argv(target, folder, repo, port)
+        # Each oceanus variant has its own repository (model.json's dtype) and server.
+        served = repo / (variant.replace("/", "-") or "fp32")
+        if base == "oceanus":
+            dtypes = engine_dtypes(target)
+            write_llm_model(served, "llm", size=args.size, engine_args={**engine_args, **dtypes})
+        argv, health = server_argv(base, folder, served, port)
         try:
-            url = stack.enter_context(process(argv, port, health, log_dir / f"{target}.log"))
+            log = log_dir / f"{target.replace('/', '-')}.log"
+            url = stack.enter_context(process(argv, port, health, log))
         except Exception as exc:  # a baseline that does not run here is reported, not fatal
             results[target]["error"] = str(exc)[-500:]
             print(f"{target}: failed: {str(exc)[-300:]}", flush=True)
             continue
-        name = "llm" if target == "oceanus" else str(folder)
-        asyncio.run(run_http(target, url, name, first, 1))
+        name = "llm" if base == "oceanus" else str(folder)
+        asyncio.run(run_http(base, url, name, first, 1))
 
-        def http(c: int, target: str = target, url: str = url, name: str = name) -> Any:
-            return {c: asyncio.run(run_http(target, url, name, jobs[c], c, stagger, warmup))}
+        def http(c: int, base: str = base, url: str = url, name: str = name) -> Any:
+            return {c: asyncio.run(run_http(base, url, name, jobs[c], c, stagger, warmup))}
 
         runners[target] = http
     return runners
@@ -315,11 +382,12 @@ def main() -> None:
     low, high = (int(x) for x in args.output_tokens.split(","))
     output = (low, high)
     targets = args.targets.split(",")
+    precisions = {target: precision(target) for target in targets}
     load_before = benchlib.loadavg()
 
     from transformers import AutoTokenizer
 
-    from oceanus.examples.llm import cached_llm, write_llm_model
+    from oceanus.examples.llm import cached_llm
 
     folder = cached_llm(args.size)
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -332,16 +400,6 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {t: {} for t in targets}
     log_dir = Path(tempfile.mkdtemp(prefix="bench-llm-"))
     repo = log_dir / "repo"
-    write_llm_model(
-        repo,
-        "llm",
-        size=args.size,
-        engine_args={
-            "max_model_len": max_len,
-            "max_num_seqs": args.max_num_seqs,
-            "max_num_batched_tokens": args.max_num_batched_tokens,
-        },
-    )
 
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {t: {} for t in targets}
 
@@ -388,6 +446,7 @@ def main() -> None:
                 rows.append(
                     [
                         target,
+                        "{compute}/{kv_cache}".format(**precisions[target]),
                         c,
                         phase,
                         benchlib.fmt_num(figures["tokens_per_s"]),
@@ -401,6 +460,7 @@ def main() -> None:
         benchlib.table(
             [
                 "target",
+                "compute/KV",
                 "c",
                 "requests",
                 "tok/s",
@@ -413,8 +473,8 @@ def main() -> None:
         )
     )
     ratios = {}
-    for ours in ("oceanus", "inproc"):
-        for other in ("naive", "serve", "inproc", "hf_cb", "openvino"):
+    for ours in (t for t in targets if t.partition(":")[0] in ("oceanus", "inproc")):
+        for other in (t for t in targets if t.partition(":")[0] != "oceanus"):
             for c in levels:
                 a = results.get(ours, {}).get(str(c))
                 b = results.get(other, {}).get(str(c))
@@ -453,6 +513,7 @@ def main() -> None:
                 "max_num_batched_tokens": args.max_num_batched_tokens,
                 "loadavg_before": load_before,
                 "loadavg_after": benchlib.loadavg(),
+                "precisions": precisions,
                 "results": results,
                 "ratios": ratios,
             },

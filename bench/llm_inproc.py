@@ -204,8 +204,10 @@ def run_openvino(
     limits: list[int],
     stagger_ms: float,
     warmup: bool = False,
+    precisions: tuple[str, str] = ("f32", "f32"),
 ) -> dict[str, dict[str, Any]]:
-    """bench/llm_openvino.py in `python` (its own venv); its samples summarized as ours."""
+    """bench/llm_openvino.py in `python` (its own venv); its samples summarized as ours.
+    `precisions`: the CPU plugin's inference and KV-cache precisions (llm_openvino.py)."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as spec:
         json.dump(
             {
@@ -217,14 +219,17 @@ def run_openvino(
     argv = [python, str(ROOT / "bench" / "llm_openvino.py"), "--model", str(folder)]
     argv += ["--ir-dir", str(ir_dir), "--jobs", spec.name, "--max-num-seqs", str(limits[0])]
     argv += ["--max-num-batched-tokens", str(limits[1])]
+    argv += ["--precision", precisions[0], "--kv-precision", precisions[1]]
     argv += ["--stagger-ms", str(stagger_ms)] + (["--warmup"] if warmup else [])
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{argv[:2]} failed: {done.stderr[-1500:]}")
     raw = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"openvino versions: {raw.pop('versions', None)}", flush=True)
-    return {
-        c: summarize([Sample(s[0], s[1], s[2], bool(s[3]), s[4]) for s in level["samples"]], wall)
-        for c, level in raw.items()
-        for wall in [level["wall_s"]]
-    }
+    print(f"openvino precision: {raw.pop('precision', None)}", flush=True)
+    results = {}
+    for c, level in raw.items():
+        samples = [Sample(s[0], s[1], s[2], bool(s[3]), s[4]) for s in level["samples"]]
+        results[c] = summarize(samples, level["wall_s"])
+        results[c]["max_cache_usage_pct"] = level.get("max_cache_usage_pct")
+    return results

@@ -3,11 +3,12 @@ random length, one token each, in process (no server, no sampling loop around it
 
     python bench/llm_step.py [--size 100m] [--batch 32] [--context 32,512] [--steps 20]
                              [--threads N] [--profile] [--compare onednn_linears|row_attention|
-                             fused_mlp|both]
+                             fused_mlp|both] [--dtype float32[,bfloat16]]
 
 Prints the median ms of a decode pass (the engine's own `_forward`, then a batched argmax) and,
 with --profile, torch.profiler's table of operators by self CPU time. --compare loads a second
-engine without the named change(s) and alternates their passes (same load for both). Writes
+engine without the named change(s) and alternates their passes (same load for both); --dtype
+float32,bfloat16 loads the model (and its KV cache) in each dtype, alternated likewise. Writes
 bench/results/llm-step-<size>.json."""
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: its default)")
+    parser.add_argument("--dtype", default="float32", help="model.json dtype(s), comma-separated")
     args = parser.parse_args()
 
     from oceanus.backends.llm.args import EngineArgs
@@ -47,23 +49,25 @@ def main() -> None:
     folder = cached_llm(args.size)
     if args.threads:
         torch.set_num_threads(args.threads)
-    variants: dict[str, dict[str, bool]] = {"default": {}}
-    if args.compare:
-        off = (
-            ["onednn_linears", "row_attention", "fused_mlp"]
-            if args.compare == "both"
-            else [args.compare]
-        )
-        variants[f"without {args.compare}"] = {name: False for name in off}
+    variants: dict[str, tuple[str, dict[str, bool]]] = {}
+    for dtype in args.dtype.split(","):
+        suffix = "" if dtype == "float32" else f" {dtype}"
+        variants[f"default{suffix}"] = (dtype, {})
+        if args.compare:
+            off = (
+                ["onednn_linears", "row_attention", "fused_mlp"]
+                if args.compare == "both"
+                else [args.compare]
+            )
+            variants[f"without {args.compare}{suffix}"] = (dtype, {name: False for name in off})
     engines: dict[str, Engine] = {}
     load_s: dict[str, float] = {}
-    for name, switches in variants.items():
+    for name, (dtype, switches) in variants.items():
         started = time.perf_counter()
-        engines[name] = Engine(
-            EngineArgs(model=folder, tokenizer=folder, max_model_len=args.max_len, max_num_seqs=32),
-            threads=torch.get_num_threads(),
-            **switches,
+        engine_args = EngineArgs(
+            model=folder, tokenizer=folder, max_model_len=args.max_len, max_num_seqs=32, dtype=dtype
         )
+        engines[name] = Engine(engine_args, threads=torch.get_num_threads(), **switches)
         load_s[name] = time.perf_counter() - started
     low, high = (int(x) for x in args.context.split(","))
     rng = random.Random(args.seed)
@@ -122,15 +126,21 @@ def main() -> None:
             f"{name}: size {args.size} batch {args.batch} context {args.context}: decode step "
             f"median {median_ms:.1f} ms, min {min(times[name]) * 1000:.1f} ms over "
             f"{len(times[name])} steps ({args.batch / statistics.median(times[name]):.1f} "
-            f"tok/s); engine load {load_s[name]:.1f} s; threads {torch.get_num_threads()}"
+            f"tok/s); engine load {load_s[name]:.1f} s; threads {torch.get_num_threads()}; "
+            f"{engine.dtype}, {engine.packed_linears} packed linears, {engine.fused_mlps} fused "
+            f"MLPs, row attention {engine.row_attention}"
         )
         report[name] = {
             "step_ms_median": median_ms,
             "step_ms_all": [t * 1000 for t in times[name]],
             "load_s": load_s[name],
+            "dtype": str(engine.dtype),
+            "packed_linears": engine.packed_linears,
+            "fused_mlps": engine.fused_mlps,
+            "row_attention": engine.row_attention,
         }
-    if args.compare:
-        print(f"same greedy tokens in both variants: {same}")
+    if len(engines) > 1:
+        print(f"same greedy tokens in every variant: {same}")
     out = Path(__file__).parent / "results" / f"llm-step-{args.size}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(report, indent=1))

@@ -42,6 +42,7 @@ def llm_server(tmp_path_factory: pytest.TempPathFactory, launch_module: Any) -> 
     repo = tmp_path_factory.mktemp("llm_repo")
     write_llm_model(repo, "llm_tiny")
     write_llm_model(repo, "llm_own", backend="oceanus_llm")
+    write_llm_model(repo, "llm_bf16", engine_args={"dtype": "bfloat16"})
     # One slot and a small prefill chunk: cancellation must free the slot; prompts prefill in
     # several steps.
     write_llm_model(
@@ -200,6 +201,46 @@ def test_greedy_alone_equals_transformers_generate(llm_server: Any, reference: A
     # Without exclude_input_in_output the text starts with the prompt (Triton's default).
     out = generate(llm_server, "llm_tiny", {"text_input": PROMPTS[0], "max_tokens": 4})
     assert out["text_output"].startswith(PROMPTS[0])
+
+
+def test_a_bfloat16_model_serves_what_the_engine_decodes_in_bfloat16(llm_server: Any) -> None:
+    """model.json `dtype: "bfloat16"` reaches the engine through the server: its greedy text is
+    the in-process bfloat16 engine's (whose tokens test_llm_engine.py checks against
+    transformers' bfloat16 logits), not the fp32 model's."""
+    from oceanus.backends.llm.args import EngineArgs
+    from oceanus.backends.llm.engine import Engine
+    from oceanus.backends.llm.sampling import SamplingParams
+
+    folder = cached_llm("tiny")
+    engine = Engine(EngineArgs(model=folder, tokenizer=folder, dtype="bfloat16"))
+    texts: dict[int, str] = {}
+    done = threading.Semaphore(0)
+    params = SamplingParams(max_tokens=32, temperature=0.0)
+
+    def sink(index: int) -> Any:
+        def take(out: Any) -> None:
+            texts[index] = texts.get(index, "") + out.text
+            if out.finished:
+                done.release()
+
+        return take
+
+    try:
+        for index, prompt in enumerate(PROMPTS):
+            engine.submit(engine.encode(prompt), params, sink(index))
+        for _ in PROMPTS:
+            assert done.acquire(timeout=60)
+    finally:
+        engine.close()
+    served: dict[str, list[str]] = {"llm_bf16": [], "llm_tiny": []}
+    for model, outputs in served.items():
+        for prompt in PROMPTS:
+            body = {"text_input": prompt, "sampling_parameters": greedy(32)}
+            out = generate(llm_server, model, {**body, "exclude_input_in_output": True})
+            outputs.append(out["text_output"])
+    assert served["llm_bf16"] == [texts[index] for index in range(len(PROMPTS))]
+    # Not the fp32 model's texts: the dtype took effect (some greedy tokens part in bf16).
+    assert served["llm_bf16"] != served["llm_tiny"]
 
 
 def test_greedy_batched_over_grpc_stream_equals_generate(llm_server: Any, reference: Any) -> None:

@@ -29,7 +29,6 @@ GPU_ONLY = frozenset(
         "cpu_offload_gb",
         "max_seq_len_to_capture",
         "disable_custom_all_reduce",
-        "kv_cache_dtype",
         "quantization",
         "distributed_executor_backend",
         "num_gpu_blocks_override",
@@ -58,6 +57,8 @@ class EngineArgs:
     kv_cache_tokens: int | None = None  # None: max_num_seqs * max_model_len
     # Threads torch may use for this engine (None: the instance's share of the cores).
     num_threads: int | None = None
+    # The KV cache's element type: "auto" (vLLM's default) keeps it in the model's dtype.
+    kv_cache_dtype: str = "auto"
 
 
 def _resolve(name: str, version_dir: Path) -> Path:
@@ -90,6 +91,23 @@ def _int(raw: dict[str, Any], key: str, default: int | None) -> int | None:
     if number < 1:
         raise invalid_arg(f"{MODEL_JSON}: '{key}' must be at least 1, got {value!r}")
     return number
+
+
+# vLLM's `kv_cache_dtype` values: "auto" is the model's dtype; its fp8 formats have no fast
+# kernel on CPU here and are refused rather than faked. Ours: a 16-bit or 32-bit cache under a
+# model of another dtype (e.g. float32 compute over a bfloat16 cache: half the bytes a decode
+# step reads; each sequence's keys are widened to the model's dtype as attention reads them).
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
+
+
+def _kv_cache_dtype(raw: dict[str, Any], path: Path) -> str:
+    value = str(raw.get("kv_cache_dtype", "auto"))
+    if value not in KV_CACHE_DTYPES:
+        raise invalid_arg(
+            f"{path}: 'kv_cache_dtype' {value!r} is not supported by the CPU engine: use "
+            f"{', '.join(KV_CACHE_DTYPES)} (fp8 KV caches need vLLM's GPU kernels)"
+        )
+    return value
 
 
 def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
@@ -130,4 +148,5 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
         max_num_batched_tokens=_int(raw, "max_num_batched_tokens", 512) or 512,
         kv_cache_tokens=_int(raw, "kv_cache_tokens", None),
         num_threads=_int(raw, "num_threads", None),
+        kv_cache_dtype=_kv_cache_dtype(raw, path),
     )

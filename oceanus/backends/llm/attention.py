@@ -8,7 +8,8 @@ this runs SDPA row by row on views of each row's slot cut to its length, with no
 gather of the slots (the cache hands over all of them as a view, whichever are running).
 With `slot_chunks` (a packed prefill pass) each sequence's chunk attends to its own slot the
 same way, under a causal mask shifted by the chunk's start. Otherwise (generate, other
-callers) it is transformers' own SDPA path unchanged."""
+callers) it is transformers' own SDPA path unchanged. A KV cache kept in another dtype than
+the model's (kv_cache_dtype) is widened here, one sequence's cells at a time."""
 
 from __future__ import annotations
 
@@ -52,7 +53,9 @@ def slot_attention(
     # 4-D slices: SDPA's CPU flash kernel takes only 4-D inputs (3-D falls back to its math).
     for row, (slot, length) in enumerate(zip(slots, lengths, strict=True)):
         cells = slice(slot, slot + 1), slice(None), slice(length)
-        out[row : row + 1] = attend(grouped[row : row + 1], key[cells], value[cells], scale=scaling)
+        # `.to`: a cache kept in another dtype (kv_cache_dtype) widened row by row; else a no-op.
+        k, v = key[cells].to(query.dtype), value[cells].to(query.dtype)
+        out[row : row + 1] = attend(grouped[row : row + 1], k, v, scale=scaling)
     # [batch, kv_heads, group, dim] -> [batch, 1, heads, dim], the layout the layer expects.
     return out.reshape(batch, 1, heads, dim), None
 
@@ -80,7 +83,8 @@ def _packed_prefill(
         visible = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
         mask = visible.repeat(group, 1)
         cells = slice(slot, slot + 1), slice(None), slice(end)
-        got = attend(q, key[cells], value[cells], attn_mask=mask, scale=scaling)
+        k, v = key[cells].to(query.dtype), value[cells].to(query.dtype)
+        got = attend(q, k, v, attn_mask=mask, scale=scaling)
         # [1, kv_heads, group*n, dim] -> [1, n, heads, dim]
         out[:, offset : offset + n] = got.reshape(1, heads, n, dim).transpose(1, 2)
         offset += n

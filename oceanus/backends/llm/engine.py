@@ -125,7 +125,7 @@ class Engine:
             kv_heads,
             self.max_len + self.chunk,  # room for the padding of a batched prefill
             head_dim,
-            self.dtype,
+            loaded.kv_dtype,
         )
         self.budget = max(args.kv_cache_tokens or self.slots * self.max_len, self.max_len)
         eos = config.eos_token_id if config.eos_token_id is not None else None

@@ -7,7 +7,12 @@ model's attention calls `update`, which writes the new keys and values at those 
 returns the bound rows up to the longest length. The engine passes a 4D mask that lets each
 query see only its own sequence's earlier positions, so the stale or padded cells beyond a
 sequence's length are never read. Memory is allocated with zeros, which the OS maps lazily:
-only the cells sequences reach are ever touched."""
+only the cells sequences reach are ever touched.
+
+The cache may hold another dtype than the model computes in (model.json's `kv_cache_dtype`):
+new keys are rounded to it as they are written, and what `update` returns is widened back to
+the states' dtype, except in a `whole` pass, where the attention (attention.py) widens each
+sequence's own cells as it reads them, never every slot."""
 
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ class SlotCache(Cache):
         self._positions = torch.zeros(0, 0, dtype=torch.long)
         self._kv_len = 0
         self._contiguous: tuple[int, int] | None = None
+        self._whole = False
         # A packed pass (bind_packed): the cells each of its keys comes from, `[kv]` each.
         self._read: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -62,6 +68,7 @@ class SlotCache(Cache):
         )
         if whole:
             self._contiguous = (0, len(self.keys[0]))
+        self._whole = whole
 
     def bind_packed(
         self,
@@ -83,6 +90,7 @@ class SlotCache(Cache):
         self._read = (read_slots, read_positions)
         if whole:  # the attention reads each sequence's cells from the slots itself
             self._contiguous, self._read = (0, len(self.keys[0])), None
+        self._whole = whole
 
     def _cells(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The flat cell of every new key, in `[batch, heads, q]` order (the order of the
@@ -104,6 +112,16 @@ class SlotCache(Cache):
         flat = (-1, self.head_dim)
         keys.view(flat).index_copy_(0, self._write, key_states.reshape(flat).to(keys.dtype))
         values.view(flat).index_copy_(0, self._write, value_states.reshape(flat).to(values.dtype))
+        if self._whole:  # every slot, as stored: the attention cuts and widens each row
+            start, end = self._contiguous or (0, len(keys))
+            return keys[start:end, :, : self._kv_len], values[start:end, :, : self._kv_len]
+        read_keys, read_values = self._cells_read(keys, values)
+        dtype = key_states.dtype
+        return read_keys.to(dtype), read_values.to(dtype)  # no copy when the dtypes match
+
+    def _cells_read(
+        self, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self._read is not None:
             slots, cells = self._read
             # [kv, heads, dim] -> [1, heads, kv, dim]

@@ -5,6 +5,7 @@ load and left off when this build or model cannot take it."""
 from __future__ import annotations
 
 import inspect
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,12 +14,20 @@ import torch
 from oceanus.backends.llm import attention, linear
 from oceanus.backends.llm.args import EngineArgs
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+# transformers' from_pretrained(dtype=...) sets torch's process-wide default dtype while it
+# builds the model: two models of different dtypes loading at once (a server loads its models
+# in parallel) would each get some weights in the other's dtype. One load at a time.
+_LOADING = threading.Lock()
+
 
 @dataclass(slots=True)
 class LoadedModel:
     tokenizer: Any
     model: Any
     dtype: torch.dtype
+    kv_dtype: torch.dtype  # the KV cache's (model.json's kv_cache_dtype; "auto": `dtype`)
     packed_linears: int  # how many linears run on oneDNN (0: the default path)
     fused_mlps: int
     row_attention: bool
@@ -34,13 +43,14 @@ def load(
 
     hf_logging.disable_progress_bar()  # no progress bars in the server's log
 
-    dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    dtype = DTYPES[args.dtype]
     tokenizer = AutoTokenizer.from_pretrained(
         args.tokenizer, trust_remote_code=args.trust_remote_code
     )
-    model: Any = AutoModelForCausalLM.from_pretrained(
-        args.model, dtype=dtype, trust_remote_code=args.trust_remote_code
-    ).eval()
+    with _LOADING:
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            args.model, dtype=dtype, trust_remote_code=args.trust_remote_code
+        ).eval()
     # The matmuls are most of a step: run them on oneDNN with packed weights (linear.py).
     packed = fused = 0
     if onednn_linears and linear.usable(dtype):
@@ -55,6 +65,7 @@ def load(
         tokenizer=tokenizer,
         model=model,
         dtype=dtype,
+        kv_dtype=DTYPES.get(args.kv_cache_dtype, dtype),
         packed_linears=packed,
         fused_mlps=fused,
         row_attention=rows,
