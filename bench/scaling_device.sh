@@ -7,8 +7,9 @@
 #   bash bench/scaling_device.sh            # from the repository root, ~5 minutes
 #
 # Needs the project installed (pip install -e .[bench]) and perf_analyzer
-# (scripts/install_perf_analyzer.sh; on a machine without a network, carry its venv and point
-# PA_VENV at it). Env: WORKERS (default 0,2,4,8,14), REPEAT (2), WINDOW_MS (2000),
+# (scripts/install_perf_analyzer.sh). On a machine without a network: `bash
+# bench/offline_bundle.sh make DIR` here, carry DIR, `eval "$(bash bench/offline_bundle.sh
+# install DIR)"` there. Env: WORKERS (default 0,2,4,8,14), REPEAT (2), WINDOW_MS (2000),
 # CONCURRENCY (64: enough clients to keep 14 workers and the core busy), RINGS=1 (each worker
 # count twice: the link's messages over the socket and in shared-memory rings). The table goes to
 # stdout and bench/results/workers-<timestamp>.json; copy it into bench/README.md.
