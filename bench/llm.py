@@ -73,43 +73,10 @@ from llm_inproc import (
 # llm_openai.py (issue 26's bench) starts its servers through these.
 from llm_servers import process as process
 from llm_servers import server_argv as server_argv
+from llm_targets import engine_dtypes, precision
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ("oceanus", "inproc", "hf_cb", "naive", "serve", "openvino")
-DTYPES = {"": "float32", "fp32": "float32", "f32": "float32", "bf16": "bfloat16"}
-
-
-def engine_dtypes(target: str) -> dict[str, str]:
-    """model.json's dtype and kv_cache_dtype for one of our targets (`oceanus:bf16`, ...)."""
-    wanted = precision(target)
-    names = {"fp32": "float32", "bf16": "bfloat16"}
-    return {"dtype": names[wanted["compute"]], "kv_cache_dtype": names[wanted["kv_cache"]]}
-
-
-OV_PRECISIONS = ("f32", "bf16", "f16", "u8", "default")
-
-
-def precision(target: str) -> dict[str, str]:
-    """What a target label (`name[:variant]`, see the docstring) computes and caches in."""
-    name, _, variant = target.partition(":")
-    if name in ("oceanus", "inproc"):
-        compute, _, kv = variant.partition("/")
-        if compute not in DTYPES or kv not in DTYPES:
-            raise SystemExit(f"{target}: our engine runs fp32 or bf16 (`{name}:bf16`, fp32/bf16)")
-        compute = "bf16" if DTYPES[compute] == "bfloat16" else "fp32"
-        kv = compute if not kv else "bf16" if DTYPES[kv] == "bfloat16" else "fp32"
-        return {"compute": compute, "kv_cache": kv}
-    if name == "openvino":
-        compute, _, kv = (variant or "f32/f32").partition("/")
-        kv = kv or ("default" if compute == "default" else compute)
-        if compute not in OV_PRECISIONS or kv not in OV_PRECISIONS:
-            raise SystemExit(f"{target}: openvino:COMPUTE/KV, each one of {OV_PRECISIONS}")
-        return {"compute": compute, "kv_cache": kv}
-    if variant:
-        raise SystemExit(f"{target}: only oceanus, inproc and openvino take a precision")
-    return {"compute": "fp32", "kv_cache": "fp32"}  # transformers' default dtype
-
-
 # ---- over HTTP --------------------------------------------------------------------------------
 
 
