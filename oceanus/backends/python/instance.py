@@ -324,11 +324,19 @@ class PythonInstance(RequestInstance):
     # ---- execution ----------------------------------------------------------------------------
 
     def execute_requests(self, jobs: Sequence[RequestJob]) -> RequestsResult:
-        return self.start_requests(jobs)()
+        return self._send_batch(jobs)()
 
     def start_requests(self, jobs: Sequence[RequestJob]) -> Callable[[], RequestsResult]:
         """Send the batch to the stub now; the stub executes what it is sent in order, so the
-        instance thread can send a group's batches before it waits for the first."""
+        instance thread can send a group's batches before it waits for the first. A batch with
+        large inputs is sent only when awaited (after the ones before it are answered), so the
+        batches sent ahead never hold more than a small share of the rings and never spill to
+        one-off files where one at a time would not."""
+        if sum(a.nbytes for job in jobs for a in job.inputs.values()) > self._capacity // 16:
+            return functools.partial(self.execute_requests, jobs)
+        return self._send_batch(jobs)
+
+    def _send_batch(self, jobs: Sequence[RequestJob]) -> Callable[[], RequestsResult]:
         started = time.monotonic_ns()
         keys = [next(self._keys) for _ in jobs]
         input_types, all_outputs = self._input_types, self._all_outputs

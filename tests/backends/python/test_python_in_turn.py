@@ -6,6 +6,7 @@ compute time is its own, not the wait behind the ones sent before it. In-process
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,8 @@ import numpy as np
 from oceanus.backends import builtin
 from oceanus.core.server import CoreOptions, ServerCore
 from oceanus.core.types import InferRequest, InferResponse, Tensor
+from oceanus.ipc.rings import shm_dir
+from oceanus.ipc.shm_watch import ShmWatch
 from tests.backends.python.conftest import copy_models
 
 MS = 1_000_000
@@ -20,9 +23,17 @@ REQUESTS = 6
 WARM_UP = 4
 
 
-def request(value: int) -> InferRequest:
-    array = np.array([value], dtype=np.int32)
-    return InferRequest("in_turn", id=f"r{value}", inputs=[Tensor("IN", "INT32", (1,), array)])
+def request(value: int, elements: int = 1) -> InferRequest:
+    array = np.full(elements, value, dtype=np.int32)
+    tensor = Tensor("IN", "INT32", (elements,), array)
+    return InferRequest("in_turn", id=f"r{value}", inputs=[tensor])
+
+
+async def warm_up(core: ServerCore) -> None:
+    """Cheap executions first: the scheduler hands groups only to a cheap instance (the first
+    of the slower ones after them raises the mean by at most a fifth)."""
+    for value in range(-WARM_UP, 0):
+        assert isinstance(await core.infer(request(value), "test"), InferResponse)
 
 
 def test_queued_requests_execute_one_each_in_order_with_their_own_compute_time(
@@ -34,10 +45,7 @@ def test_queued_requests_execute_one_each_in_order_with_their_own_compute_time(
         core = ServerCore(CoreOptions(repositories=[repository], backends=builtin.registry()))
         await core.start()
         try:
-            # Cheap executions first: the scheduler hands groups only to a cheap instance (the
-            # first of the slow ones below raises the mean by at most a fifth).
-            for value in range(-WARM_UP, 0):
-                assert isinstance(await core.infer(request(value), "test"), InferResponse)
+            await warm_up(core)
             responses = await asyncio.gather(
                 *(core.infer(request(v), "test") for v in range(REQUESTS))
             )
@@ -55,5 +63,31 @@ def test_queued_requests_execute_one_each_in_order_with_their_own_compute_time(
         # Each execute sleeps 25 ms: 150 ms in all. Counting the wait behind the executions
         # sent before it would make the five that queued behind the first 25+50+...+125 ms.
         assert 25 * MS * REQUESTS <= infer_ns < 300 * MS, infer_ns
+
+    asyncio.run(main())
+
+
+def test_large_inputs_are_not_sent_ahead_into_the_rings(tmp_path: Path) -> None:
+    """Six queued requests of 2 MiB each, 25 ms of execute each: the five behind the first,
+    sent ahead together, would fill the default 8 MiB ring while the stub sleeps and spill to
+    one-off files; a large batch is sent only once the one before it is answered: none spills."""
+    repository = copy_models(tmp_path, ["in_turn"])
+    elements = 512 * 1024  # 2 MiB of INT32
+
+    async def main() -> None:
+        core = ServerCore(CoreOptions(repositories=[repository], backends=builtin.registry()))
+        await core.start()
+        watch = ShmWatch(shm_dir())
+        try:
+            await warm_up(core)
+            big = [core.infer(request(100 + i, elements), "test") for i in range(REQUESTS)]
+            responses = await asyncio.gather(*big)
+            spilled = [n for n in watch.created() if n.startswith(f"oceanus-py-{os.getpid()}-")]
+        finally:
+            watch.close()
+            await core.shutdown()
+        rows = [r.outputs[0].data.tolist() for r in responses if isinstance(r, InferResponse)]
+        assert [row[0] for row in rows] == [100 + i for i in range(REQUESTS)]
+        assert spilled == []
 
     asyncio.run(main())

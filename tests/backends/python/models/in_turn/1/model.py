@@ -1,5 +1,5 @@
-"""OUT = [IN, this execute's index, requests it got]; 25 ms per execute for IN >= 0 (a
-negative IN answers at once: the instance's mean cost stays that of a cheap model)."""
+"""OUT = [IN[0], this execute's index, requests it got]; 25 ms per execute for IN[0] >= 0 (a
+negative IN[0] answers at once: the instance's mean cost stays that of a cheap model)."""
 
 import time
 
