@@ -59,6 +59,9 @@ class EngineArgs:
     num_threads: int | None = None
     # The KV cache's element type: "auto" (vLLM's default) keeps it in the model's dtype.
     kv_cache_dtype: str = "auto"
+    # Oceanus's own key: "transformers" (engine.py, the default) or "openvino" (OpenVINO
+    # GenAI's continuous-batching pipeline in a process of its own: openvino_engine.py).
+    engine: str = "transformers"
 
 
 def _resolve(name: str, version_dir: Path) -> Path:
@@ -110,6 +113,16 @@ def _kv_cache_dtype(raw: dict[str, Any], path: Path) -> str:
     return value
 
 
+ENGINES = ("transformers", "openvino")
+
+
+def _engine(raw: dict[str, Any], path: Path) -> str:
+    value = str(raw.get("engine", "transformers"))
+    if value not in ENGINES:
+        raise invalid_arg(f"{path}: 'engine' must be one of {', '.join(ENGINES)}, got {value!r}")
+    return value
+
+
 def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
     path = version_dir / MODEL_JSON
     if not path.is_file():
@@ -149,4 +162,5 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
         kv_cache_tokens=_int(raw, "kv_cache_tokens", None),
         num_threads=_int(raw, "num_threads", None),
         kv_cache_dtype=_kv_cache_dtype(raw, path),
+        engine=_engine(raw, path),
     )

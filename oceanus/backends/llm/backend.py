@@ -21,10 +21,11 @@ import torch  # noqa: F401 - imported here so that a missing torch names the llm
 import transformers  # noqa: F401 - likewise
 from tritonclient.grpc import model_config_pb2 as mc
 
-from oceanus.backends.llm.args import MODEL_JSON, read_engine_args
-from oceanus.backends.llm.engine import Engine, StepOutput
+from oceanus.backends.llm.args import MODEL_JSON, EngineArgs, read_engine_args
+from oceanus.backends.llm.engine import Engine
 from oceanus.backends.llm.metrics import LlmMetrics
 from oceanus.backends.llm.sampling import SamplingParams, parse_sampling_parameters
+from oceanus.backends.llm.scheduler import Scheduler, StepOutput
 from oceanus.core.backend import (
     Backend,
     LoadContext,
@@ -107,6 +108,15 @@ class LlmBackend(Backend):
         return LlmInstance(context)
 
 
+def make_engine(args: EngineArgs, threads: int | None) -> Scheduler:
+    """model.json's `engine`: ours on transformers (default) or OpenVINO GenAI's pipeline."""
+    if args.engine == "openvino":
+        from oceanus.backends.llm.openvino_engine import OpenVinoEngine
+
+        return OpenVinoEngine(args, threads=threads)
+    return Engine(args, threads=threads)
+
+
 @dataclass
 class _Request:
     """What one request asked for, and what has been sent so far."""
@@ -141,16 +151,17 @@ class LlmInstance(RequestInstance):
         self.name = config.name
         args = read_engine_args(context.files.version_dir, config.name)
         started = time.monotonic()
-        self.engine = Engine(args, threads=args.num_threads or context.spec.cpu_threads)
+        self.engine = make_engine(args, threads=args.num_threads or context.spec.cpu_threads)
         # The responses of one forward pass (a token for each running request) go to the event
         # loop together, in one wake-up, not one per request (filled and emptied on the engine
         # thread only).
         self._outbox: list[Send] = []
         self.engine.on_flush = self._flush
         log.info(
-            "model '%s': LLM engine ready in %.1f s (%s, max_model_len %d, %d slots, "
+            "model '%s': LLM engine '%s' ready in %.1f s (%s, max_model_len %d, %d slots, "
             "KV budget %d tokens, prefill chunk %d)",
             config.name,
+            args.engine,
             time.monotonic() - started,
             args.model,
             self.engine.max_len,

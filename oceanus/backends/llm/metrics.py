@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 
-from oceanus.backends.llm.engine import Engine, Sequence
+from oceanus.backends.llm.scheduler import Scheduler, Sequence
 from oceanus.core.observability.custom_metrics import (
     COUNTER,
     GAUGE,
@@ -81,7 +81,7 @@ class LlmMetrics:
         self._labels = {"model": model, "version": version}
         self._registry_model = model
 
-    def watch(self, engine: Engine) -> None:
+    def watch(self, engine: Scheduler) -> None:
         """Create the families (token buckets need the engine's max_model_len) and hook in."""
         token_buckets = _one_two_five(engine.max_len)
         for name, description, kind, buckets in self.FAMILIES:
@@ -94,7 +94,7 @@ class LlmMetrics:
         engine.on_finish = self._finished
         engine.on_step = self._stepped
 
-    def _stepped(self, engine: Engine) -> None:
+    def _stepped(self, engine: Scheduler) -> None:
         """After each engine step (engine thread): counters and gauges."""
         counters = engine.counters
         update = self._owner.update

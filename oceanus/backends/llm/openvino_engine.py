@@ -1,0 +1,216 @@
+"""`engine: "openvino"` in model.json: OpenVINO GenAI's continuous-batching pipeline (what
+OpenVINO Model Server runs) as the engine, in a process of its own (openvino_worker.py).
+
+The server side keeps everything the transformers engine does outside its forward passes
+(scheduler.py): the queue and admission within the KV budget (so requests beyond it wait in
+the server's queue), detokenizing with the model's Hugging Face tokenizer, stop strings, UTF-8
+held back, metrics, cancellation. The worker owns the model: it traces it to OpenVINO on first
+use (openvino_export.py, cached), then steps the pipeline while requests are live and sends
+each step's new token ids back. The pipeline samples (greedy, temperature, top-k/p, penalties,
+seeds). What it cannot do is refused per request, naming the engine: guided decoding
+(structured output), `logit_bias`, and more than the chosen token's log probability."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import socket
+import subprocess
+import sys
+import threading
+from itertools import count
+from typing import Any
+
+from oceanus.backends.llm.args import EngineArgs
+from oceanus.backends.llm.openvino_worker import KINDS, Add, Drop, Ready, Start, Stop, Tokens
+from oceanus.backends.llm.scheduler import Scheduler, Sequence
+from oceanus.core.errors import internal, invalid_arg, unavailable
+from oceanus.ipc.channel import Channel
+
+log = logging.getLogger("oceanus.backends.llm")
+
+PRECISIONS = {"float32": "f32", "bfloat16": "bf16"}
+EXTRA = "pip install 'oceanus[llm-openvino]'"
+
+
+def kv_cache_gb(config: Any, tokens: int, precision: str) -> int:
+    """Whole GB of paged KV cache for `tokens` tokens (the pipeline sizes its cache in GB)."""
+    heads = int(config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    per_token = 2 * int(config.num_hidden_layers) * kv_heads * head_dim
+    per_token *= 4 if precision == "f32" else 2
+    return max(1, math.ceil(tokens * per_token * 1.1 / 2**30))
+
+
+class OpenVinoEngine(Scheduler):
+    thread_name = "llm-openvino"
+
+    def __init__(self, args: EngineArgs, threads: int | None = None) -> None:
+        try:
+            import openvino_genai  # noqa: F401 - only to name the extra when it is missing
+        except ImportError:
+            raise unavailable(
+                f"engine 'openvino' needs the openvino-genai package: {EXTRA}"
+            ) from None
+        from transformers import AutoConfig, AutoTokenizer
+
+        from oceanus.backends.llm.openvino_export import check_architecture
+
+        check_architecture(args.model)
+        tokenizer = AutoTokenizer.from_pretrained(
+            args.tokenizer, trust_remote_code=args.trust_remote_code
+        )
+        config = AutoConfig.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
+        super().__init__(args, tokenizer, config)
+        precision = PRECISIONS[args.dtype]
+        kv = precision if args.kv_cache_dtype == "auto" else PRECISIONS[args.kv_cache_dtype]
+        properties: dict[str, Any] = {"INFERENCE_PRECISION_HINT": precision}
+        properties["KV_CACHE_PRECISION"] = kv
+        if threads:
+            properties["INFERENCE_NUM_THREADS"] = threads
+        scheduler = {
+            "max_num_seqs": self.slots,
+            "max_num_batched_tokens": self.chunk,
+            "dynamic_split_fuse": True,  # its chunked prefill, sharing steps with decode
+            "cache_size": kv_cache_gb(config, self.budget + self.slots * self.chunk, kv),
+            "enable_prefix_caching": False,
+        }
+        parent, child = socket.socketpair()
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "oceanus.backends.llm.openvino_worker", str(child.fileno())],
+            pass_fds=(child.fileno(),),
+        )
+        child.close()
+        self._channel = Channel(parent, KINDS)
+        self._send_lock = threading.Lock()
+        try:
+            self._channel.send(Start(str(args.model), scheduler, properties))
+            ready = self._channel.recv()
+        except (EOFError, OSError):
+            ready = Ready(f"the engine process exited ({self._process.wait()})", "", 0.0)
+        if not isinstance(ready, Ready) or ready.error:
+            self._stop_worker()
+            detail = ready.error if isinstance(ready, Ready) else repr(ready)
+            raise unavailable(f"the openvino engine failed to start: {detail}")
+        self.ir_dir = ready.ir_dir
+        self.export_s = ready.export_s
+        self._rids = count(1)
+        self._by_rid: dict[int, Sequence] = {}
+        self._rid_of: dict[int, int] = {}  # id(Sequence) -> rid, for the ones sent
+        self._dead = ""  # why the worker is gone, once it is
+        self._start()
+
+    # ---- the face ------------------------------------------------------------------------------
+
+    def _prepare(self, seq: Sequence) -> None:
+        params = seq.params
+        if self._dead:
+            raise unavailable(f"the openvino engine process is gone ({self._dead})")
+        if params.guided is not None:
+            raise invalid_arg(
+                "guided decoding is not supported by engine 'openvino' (model.json): "
+                "use engine 'transformers'"
+            )
+        if params.logit_bias:
+            raise invalid_arg("logit_bias is not supported by engine 'openvino' (model.json)")
+        if params.logprobs is not None and params.logprobs > 1:
+            raise invalid_arg(
+                "engine 'openvino' reports the chosen token's log probability only: "
+                f"'logprobs' {params.logprobs} asks for more"
+            )
+
+    def close(self) -> None:
+        super().close()
+        self._stop_worker()
+
+    def _stop_worker(self) -> None:
+        with contextlib.suppress(OSError):
+            self._channel.send(Stop())
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._channel.close()
+
+    # ---- the step loop -------------------------------------------------------------------------
+
+    def _generation_config(self, seq: Sequence) -> dict[str, Any]:
+        params = seq.params
+        fields: dict[str, Any] = {
+            "max_new_tokens": max(1, min(params.max_tokens, self.max_len - len(seq.prompt))),
+            "min_new_tokens": params.min_tokens,
+            "ignore_eos": params.ignore_eos,
+            "logprobs": 1,  # the chosen token's: cumulative_logprob and `logprobs` need it
+            "repetition_penalty": params.repetition_penalty,
+            "presence_penalty": params.presence_penalty,
+            "frequency_penalty": params.frequency_penalty,
+            "eos": self.eos,
+        }
+        if not params.greedy:
+            fields["do_sample"] = True
+            fields["temperature"] = params.temperature
+            fields["top_p"] = params.top_p
+            if params.top_k > 0:
+                fields["top_k"] = params.top_k
+            seed = (
+                params.seed if params.seed is not None else hash((self.args.seed, seq.arrival_ns))
+            )
+            fields["rng_seed"] = seed & 0x7FFFFFFF
+        return fields
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        with self._send_lock:
+            self._channel.send(message)
+
+    def _step(self) -> None:
+        if self._dead:
+            raise internal(f"the openvino engine process is gone ({self._dead})")
+        for seq in [s for s in self._running if s.cancelled()]:
+            self._finish(seq, "abort", None)
+        for seq in self._running:
+            if id(seq) not in self._rid_of:
+                rid = next(self._rids)
+                self._rid_of[id(seq)] = rid
+                self._by_rid[rid] = seq
+                self._send(Add(rid, seq.prompt, self._generation_config(seq)))
+                self.counters.prompt_tokens += len(seq.prompt)
+        if not self._running:
+            return
+        try:
+            message = self._channel.recv()
+        except (EOFError, OSError):
+            self._dead = f"exit code {self._process.wait()}"
+            log.error("LLM engine 'openvino': its process exited (%s)", self._dead)
+            raise internal(f"the openvino engine process is gone ({self._dead})") from None
+        assert isinstance(message, Tokens)
+        error = internal(f"generation failed: {message.error}") if message.error else None
+        for rid, ids, logprobs, end in message.items:
+            found = self._by_rid.get(rid)
+            if found is None:
+                continue  # ended here before the worker knew
+            seq = found
+            if end:
+                self._forget(seq)  # the worker is done with it: nothing to drop there
+            for token, logprob in zip(ids, logprobs or [0.0] * len(ids), strict=True):
+                if seq.finished:
+                    break
+                top = {token: logprob} if seq.params.logprobs is not None else None
+                self._advance(seq, token, logprob, top)
+            if end and not seq.finished:  # the pipeline ended it where we did not
+                self._finish(seq, "abort", error or internal(f"generation ended: {end}"))
+
+    def _release(self, seq: Sequence, reason: str) -> None:
+        """Ended here (EOS, a stop string, a length, a cancel): the worker drops it too."""
+        super()._release(seq, reason)
+        rid = self._forget(seq)
+        if rid is not None and not self._dead:
+            self._send(Drop(rid))
+
+    def _forget(self, seq: Sequence) -> int | None:
+        rid = self._rid_of.pop(id(seq), None)
+        if rid is not None:
+            self._by_rid.pop(rid, None)
+        return rid
