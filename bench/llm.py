@@ -5,6 +5,8 @@ shared machine:
 
   oceanus   the server (`generate_stream`, SSE), our continuous-batching engine
   inproc    the same engine in process, no server (the limit)
+  oceanus+ov, inproc+ov   the same with model.json's `engine: "openvino"` (OpenVINO GenAI's
+            pipeline in the engine's own process, behind our scheduler)
   hf_cb     transformers' own continuous batching (`generate_batch`, paged attention) in process
   naive     FastAPI calling transformers' `generate` per request (bench/llm_naive_server.py)
   serve     `transformers serve --continuous-batching` (its OpenAI API, /v1/completions stream)
@@ -73,7 +75,7 @@ from llm_inproc import (
 # llm_openai.py (issue 26's bench) starts its servers through these.
 from llm_servers import process as process
 from llm_servers import server_argv as server_argv
-from llm_targets import engine_dtypes, precision
+from llm_targets import engine_args, parts, precision
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ("oceanus", "inproc", "hf_cb", "naive", "serve", "openvino")
@@ -201,11 +203,11 @@ def open_targets(
     import torch
 
     from oceanus.backends.llm.args import EngineArgs
-    from oceanus.backends.llm.engine import Engine
+    from oceanus.backends.llm.backend import make_engine
     from oceanus.examples.llm import write_llm_model
 
     stagger = args.stagger_ms / 1000
-    engine_args = {
+    sizes: dict[str, object] = {
         "max_model_len": args.max_len,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
@@ -214,25 +216,24 @@ def open_targets(
     first = next(iter(jobs.values()))[:1]
     runners: dict[str, Runner] = {}
     for target in targets:
-        if target.partition(":")[0] != "inproc":
+        if parts(target)[0] != "inproc":
             continue
-        dtypes = engine_dtypes(target)
-        engine = Engine(
-            EngineArgs(
-                model=folder,
-                tokenizer=folder,
-                dtype=dtypes["dtype"],
-                kv_cache_dtype=dtypes["kv_cache_dtype"],
-                max_model_len=args.max_len,
-                max_num_seqs=args.max_num_seqs,
-                max_num_batched_tokens=args.max_num_batched_tokens,
-            ),
-            threads=torch.get_num_threads(),
+        given = engine_args(target)
+        made = EngineArgs(
+            model=folder,
+            tokenizer=folder,
+            dtype=given["dtype"],
+            kv_cache_dtype=given["kv_cache_dtype"],
+            max_model_len=args.max_len,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            engine=given["engine"],
         )
+        engine = make_engine(made, threads=torch.get_num_threads())
         stack.callback(engine.close)
         run_inproc(engine, first, 1)
 
-        def inproc(c: int, engine: Engine = engine) -> dict[int, dict[str, Any]]:
+        def inproc(c: int, engine: Any = engine) -> dict[int, dict[str, Any]]:
             return {c: run_inproc(engine, jobs[c], c, stagger, warmup)}
 
         runners[target] = inproc
@@ -274,15 +275,15 @@ def open_targets(
 
         runners[target] = openvino
     for target in targets:
-        base, _, variant = target.partition(":")
+        base = parts(target)[0]
         if base not in ("oceanus", "naive", "serve"):
             continue
         port = benchlib.free_port()
-        # Each oceanus variant has its own repository (model.json's dtype) and server.
-        served = repo / (variant.replace("/", "-") or "fp32")
+        # Each oceanus variant has its own repository (model.json's engine, dtype) and server.
+        served = repo / target.replace("/", "-").replace(":", "-")
         if base == "oceanus":
-            dtypes = engine_dtypes(target)
-            write_llm_model(served, "llm", size=args.size, engine_args={**engine_args, **dtypes})
+            folder_args: dict[str, object] = {**sizes, **engine_args(target)}
+            write_llm_model(served, "llm", size=args.size, engine_args=folder_args)
         argv, health = server_argv(base, folder, served, port)
         try:
             log = log_dir / f"{target.replace('/', '-')}.log"
@@ -440,8 +441,8 @@ def main() -> None:
         )
     )
     ratios = {}
-    for ours in (t for t in targets if t.partition(":")[0] in ("oceanus", "inproc")):
-        for other in (t for t in targets if t.partition(":")[0] != "oceanus"):
+    for ours in (t for t in targets if parts(t)[0] in ("oceanus", "inproc")):
+        for other in (t for t in targets if parts(t)[0] != "oceanus"):
             for c in levels:
                 a = results.get(ours, {}).get(str(c))
                 b = results.get(other, {}).get(str(c))

@@ -25,7 +25,7 @@ from typing import Any
 from oceanus.backends.llm.args import EngineArgs
 from oceanus.backends.llm.openvino_worker import KINDS, Add, Drop, Ready, Start, Stop, Tokens
 from oceanus.backends.llm.scheduler import Scheduler, Sequence
-from oceanus.core.errors import internal, invalid_arg, unavailable
+from oceanus.core.errors import InferenceServerError, internal, invalid_arg, unavailable
 from oceanus.ipc.channel import Channel
 
 log = logging.getLogger("oceanus.backends.llm")
@@ -162,12 +162,22 @@ class OpenVinoEngine(Scheduler):
         return fields
 
     def _send(self, message: tuple[Any, ...]) -> None:
-        with self._send_lock:
-            self._channel.send(message)
+        try:
+            with self._send_lock:
+                self._channel.send(message)
+        except OSError:
+            raise self._gone() from None
+
+    def _gone(self) -> InferenceServerError:
+        """The worker is dead: remember why, say it once, and the error for its requests."""
+        if not self._dead:
+            self._dead = f"exit code {self._process.wait()}"
+            log.error("LLM engine 'openvino': its process exited (%s)", self._dead)
+        return internal(f"the openvino engine process is gone ({self._dead})")
 
     def _step(self) -> None:
         if self._dead:
-            raise internal(f"the openvino engine process is gone ({self._dead})")
+            raise self._gone()
         for seq in [s for s in self._running if s.cancelled()]:
             self._finish(seq, "abort", None)
         for seq in self._running:
@@ -182,9 +192,7 @@ class OpenVinoEngine(Scheduler):
         try:
             message = self._channel.recv()
         except (EOFError, OSError):
-            self._dead = f"exit code {self._process.wait()}"
-            log.error("LLM engine 'openvino': its process exited (%s)", self._dead)
-            raise internal(f"the openvino engine process is gone ({self._dead})") from None
+            raise self._gone() from None
         assert isinstance(message, Tokens)
         error = internal(f"generation failed: {message.error}") if message.error else None
         for rid, ids, logprobs, end in message.items:
