@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -216,7 +218,6 @@ def test_both_engines_in_one_server_answer_alike(tmp_path: Path, launch: Any) ->
     write_llm_model(tmp_path, "llm_tiny")
     write_llm_model(tmp_path, "llm_ov", engine_args={"engine": "openvino"})
     server = launch([tmp_path])
-    import urllib.request
 
     def generate(model: str, prompt: str) -> dict[str, Any]:
         body = {"text_input": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
@@ -234,3 +235,11 @@ def test_both_engines_in_one_server_answer_alike(tmp_path: Path, launch: Any) ->
         )
     with urllib.request.urlopen(f"http://{server.http_url}/v2/models/llm_ov/config") as response:
         assert json.loads(response.read())["model_transaction_policy"]["decoupled"] is True
+
+
+def test_without_openvino_genai_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "openvino_genai", None)  # as if not installed
+    folder = cached_llm("tiny")
+    with pytest.raises(InferenceServerError, match=r"oceanus\[llm-openvino\]") as caught:
+        OpenVinoEngine(EngineArgs(model=folder, tokenizer=folder, engine="openvino"))
+    assert caught.value.code == ErrorCode.UNAVAILABLE
