@@ -29,12 +29,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from oceanus.examples.llm import cached_llm, write_llm_model
 
-PROMPTS = [
-    "The ocean covers",
-    "Hello world! How are you today? I am fine, thank you. What is the weather like",
-    "def main(): return",
-    "Tides rise and fall twice a day, pulled by the moon and the sun. Waves carry energy",
-]
+sys.path.insert(0, str(Path(__file__).parent))
+from llm_prompts import PROMPTS
 
 
 @pytest.fixture(scope="module")

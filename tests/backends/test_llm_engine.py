@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -26,12 +27,8 @@ from oceanus.backends.llm.sampling import SamplingParams
 from oceanus.core.errors import InferenceServerError
 from oceanus.examples.llm import cached_llm
 
-PROMPTS = [
-    "The ocean covers",
-    "Hello world! How are you today? I am fine, thank you. What is the weather like",
-    "def main(): return",
-    "Tides rise and fall twice a day, pulled by the moon and the sun. Waves carry energy",
-]
+sys.path.insert(0, str(Path(__file__).parent))
+from llm_prompts import PROMPTS
 
 
 def run_burst(
