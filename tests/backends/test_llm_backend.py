@@ -30,7 +30,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from oceanus.examples.llm import cached_llm, write_llm_model
 
 sys.path.insert(0, str(Path(__file__).parent))
-from llm_prompts import PROMPTS
+from llm_testlib import PROMPTS
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ checked against transformers' logits in the same dtype, within two bfloat16 ulps
 from __future__ import annotations
 
 import json
-import math
 import sys
 import threading
 from pathlib import Path
@@ -28,7 +27,7 @@ from oceanus.core.errors import InferenceServerError
 from oceanus.examples.llm import cached_llm
 
 sys.path.insert(0, str(Path(__file__).parent))
-from llm_prompts import PROMPTS
+from llm_testlib import PROMPTS, worst_margin_in_ulps
 
 
 def run_burst(
@@ -181,24 +180,6 @@ def test_the_decode_fast_paths_are_on() -> None:
         assert config._attn_implementation == "oceanus_slots"
     finally:
         engine.close()
-
-
-def worst_margin_in_ulps(prompts: list[list[int]], tokens: list[list[int]], dtype: Any) -> float:
-    """Teacher-forced through transformers in `dtype`: how far below the largest logit each of
-    our greedy tokens' logit lies, in bfloat16 ulps of that largest logit (0: every token is
-    transformers' own argmax; bfloat16 keeps 8 significant bits, so 1 ulp is 1/128 to 1/256 of
-    the value)."""
-    model = AutoModelForCausalLM.from_pretrained(cached_llm("tiny"), dtype=dtype).eval()
-    worst = 0.0
-    for ids, ours in zip(prompts, tokens, strict=True):
-        with torch.no_grad():
-            logits = model(torch.tensor([ids + ours])).logits[0, len(ids) - 1 : -1].float()
-        top = logits.max(dim=1).values
-        chosen = logits.gather(1, torch.tensor(ours)[:, None])[:, 0]
-        for best, got in zip(top.tolist(), chosen.tolist(), strict=True):
-            ulp = 2.0 ** (math.floor(math.log2(abs(best))) - 7)
-            worst = max(worst, (best - got) / ulp)
-    return worst
 
 
 def test_a_bfloat16_model_decodes_within_two_ulps_of_transformers_in_bfloat16() -> None:

@@ -32,7 +32,7 @@ from oceanus.core.errors import ErrorCode, InferenceServerError
 from oceanus.examples.llm import cached_llm, write_llm_model
 
 sys.path.insert(0, str(Path(__file__).parent))
-from llm_prompts import PROMPTS
+from llm_testlib import PROMPTS, worst_margin_in_ulps
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +106,25 @@ def test_a_burst_in_chunks_equals_transformers_generate(engine: Any) -> None:
         assert (last.finish_reason, last.num_output_tokens) == ("length", length)
         assert last.cumulative_logprob == pytest.approx(logprob, abs=1e-3)
     assert engine.counters.running == 0 and engine.counters.reserved_tokens == 0
+
+
+def test_bfloat16_decodes_within_two_ulps_of_transformers_in_bfloat16() -> None:
+    """model.json `dtype: "bfloat16"`: the CPU plugin's bf16 inference precision and KV cache;
+    greedy tokens may part from transformers' where two logits lie within bf16's rounding, and
+    each stays within 2 bf16 ulps of transformers' best (as the default engine's do)."""
+    folder = cached_llm("tiny")
+    args = EngineArgs(model=folder, tokenizer=folder, engine="openvino", dtype="bfloat16")
+    engine = OpenVinoEngine(args, threads=2)
+    try:
+        prompts = [engine.encode(p) for p in PROMPTS]
+        sinks = [Collect() for _ in PROMPTS]
+        for ids, sink in zip(prompts, sinks, strict=True):
+            engine.submit(ids, greedy(24, ignore_eos=True), sink)
+        tokens = [sink.tokens if sink.wait() else [] for sink in sinks]
+    finally:
+        engine.close()
+    assert [len(t) for t in tokens] == [24] * len(PROMPTS)
+    assert worst_margin_in_ulps(prompts, tokens, torch.bfloat16) <= 2.0
 
 
 def test_stop_strings_and_eos_end_it_here_and_there(engine: Any) -> None:
