@@ -338,7 +338,11 @@ class ModelEntry:
     error: str = ""
 
     def highest_ready(self) -> ModelVersion | None:
-        for version in sorted(self.versions, reverse=True):
+        versions = self.versions
+        if len(versions) == 1:  # the usual model: no sort per request
+            (only,) = versions.values()
+            return only if only.state is ModelState.READY else None
+        for version in sorted(versions, reverse=True):
             if self.versions[version].ready:
                 return self.versions[version]
         return None

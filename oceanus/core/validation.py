@@ -7,6 +7,7 @@ arrays get their final shape.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -233,9 +234,7 @@ def _shaped(
     shape: tuple[int, ...],
     spec: TensorSpec,
 ) -> np.ndarray:
-    expected = 1
-    for dim in shape:
-        expected *= dim
+    expected = math.prod(shape)
     # A negative dimension left (a variable one's): Triton's byte size mismatch, negative
     # expectation and all; an even number of them, which Triton would run, is refused too.
     if data.size != expected or min(shape, default=0) < 0:

@@ -186,9 +186,8 @@ class InstanceThread:
 
     def execute_now(self, batch: list[Job]) -> BatchResult:
         """Execute on the calling thread, updating the mean execution time."""
-        started = self._now_ns()
-        result = self._execute(batch)
-        self._note_time(self._now_ns() - started)
+        result = self._execute(batch)  # its started_ns: one clock read less per execution
+        self._note_time(self._now_ns() - result.started_ns)
         return result
 
     def _execute_request_group(
