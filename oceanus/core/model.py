@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from oceanus.core.scheduling.sequence import SequenceScheduler
 from oceanus.core.shared_memory import write_output
 from oceanus.core.tensor_bytes import array_to_bytes
 from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
-from oceanus.core.validation import TensorSpec, validate_request
+from oceanus.core.validation import TensorSpec, checked_inputs, validate_request
 
 
 class ModelState(enum.Enum):
@@ -48,6 +49,12 @@ def failure_reason(error: InferenceServerError | None) -> str:
     return "OTHER"
 
 
+# Tells loaded versions apart for life: a request a frontend worker validated against a mirrored
+# config names the version's serial, and only that very version (same name, inputs, outputs,
+# max_batch_size) skips the checks; any other, a reload's included, checks it again.
+_serials = itertools.count(1)
+
+
 class ModelVersion:
     """One version of one model. `infer` is called on the event loop."""
 
@@ -63,6 +70,7 @@ class ModelVersion:
         self.clock = clock  # what its scheduler and statistics read the time from
         self.version = version
         self.version_str = str(version)
+        self.serial = next(_serials)
         self.config = config
         self.path = path
         self.state = ModelState.LOADING
@@ -71,6 +79,7 @@ class ModelVersion:
         self.load_duration_s = 0.0
         self.inputs = {t.name: TensorSpec.from_config(t) for t in config.input}
         self.outputs = {t.name: TensorSpec.from_config(t) for t in config.output}
+        self._max_batch_size = config.max_batch_size  # read per request: a protobuf look-up less
         self._output_order = [t.name for t in config.output]
         self.scheduler: Scheduler | None = None
         # Decoupled models answer through infer_stream() only (0..N responses per request).
@@ -138,9 +147,12 @@ class ModelVersion:
             )
         # As in Triton, requests refused before they are queued (invalid, queue full) are not
         # counted in the statistics.
-        inputs, rows = validate_request(
-            request, self.name, self.config.max_batch_size, self.inputs, self.outputs
-        )
+        if request.checked == self.serial:  # a frontend worker ran validate_request already
+            inputs, rows = checked_inputs(request, self._max_batch_size)
+        else:
+            inputs, rows = validate_request(
+                request, self.name, self._max_batch_size, self.inputs, self.outputs
+            )
         future: asyncio.Future[InferResponse] = self._loop.create_future()
         self.scheduler.enqueue(
             Job(request=request, inputs=inputs, rows=rows, future=future, stream=stream)

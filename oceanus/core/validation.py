@@ -82,6 +82,19 @@ def validate_request(
     return _validate(request, model_name, max_batch_size, inputs, outputs, ordered, exact=True)
 
 
+def checked_inputs(request: InferRequest, max_batch_size: int) -> tuple[dict[str, np.ndarray], int]:
+    """validate_request's answer for a request it already accepted (in a frontend worker, for
+    the same model version): the arrays in their shapes and the rows, without the checks."""
+    arrays: dict[str, np.ndarray] = {}
+    batch_size = 0
+    for tensor in request.inputs:
+        data, shape = tensor.data, tensor.shape
+        arrays[tensor.name] = data if data.shape == shape else data.reshape(shape)
+        if not batch_size and max_batch_size > 0:  # as _validate takes it
+            batch_size = shape[0] & _UINT32
+    return arrays, batch_size if max_batch_size > 0 else 1
+
+
 def _triton_order(tensors: list[Tensor]) -> list[Tensor]:
     by_name = {tensor.name: tensor for tensor in reversed(tensors)}  # the first of a name wins
     return [by_name[name] for name in unordered_map_order(t.name for t in tensors)]
