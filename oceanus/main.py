@@ -284,11 +284,13 @@ class Server:
         )
         handlers = {**service.method_handlers(), **service.health_handlers()}
 
+        specs = mirror.Specs(core)
+
         def state() -> dict[str, Any]:
             return {
                 "tracing": core.tracer.active,
                 "log": dataclasses.asdict(settings.log),
-                "models": mirror.model_specs(core),  # what workers validate requests against
+                "models": specs(),  # what the workers validate requests against
             }
 
         self._workers = FrontendWorkers(

@@ -58,6 +58,10 @@ _serials = itertools.count(1)
 class ModelVersion:
     """One version of one model. `infer` is called on the event loop."""
 
+    # Counts versions started and stopped (in every server of the process): a copy of what is
+    # loaded (frontends/workers/mirror.py) looks again only when it moved.
+    changes = 0
+
     def __init__(
         self,
         name: str,
@@ -120,6 +124,7 @@ class ModelVersion:
         self._loop = asyncio.get_running_loop()
         self._workers = workers
         self.state = ModelState.READY
+        ModelVersion.changes += 1
         heap.after_load()
 
     def healthy(self) -> bool:
@@ -336,6 +341,7 @@ class ModelVersion:
             self.scheduler.close()
             self.scheduler.stop_workers()
         self.state = ModelState.UNAVAILABLE
+        ModelVersion.changes += 1
         heap.after_unload(getattr(self, "_loop", None))  # None: never started (an ensemble)
 
 

@@ -19,7 +19,7 @@ from oceanus.core.errors import InferenceServerError
 from oceanus.core.server import ServerCore
 from oceanus.core.types import InferRequest, InferResponse, Tensor
 from oceanus.core.validation import TensorSpec, checked_inputs, validate_request
-from oceanus.frontends.workers.mirror import Mirror, model_specs
+from oceanus.frontends.workers.mirror import Mirror, Specs
 from tests.core.fakes import IO_FP32, World, outcome, rows
 
 THREE_WIDE = {
@@ -49,8 +49,8 @@ def test_the_core_skips_the_checks_only_for_the_version_the_worker_checked(world
     world.add("m", IO_FP32, max_batch_size=8)
 
     async def scenario(core: ServerCore) -> None:
-        mirror = Mirror()
-        mirror.update(model_specs(core))
+        mirror, specs = Mirror(), Specs(core)
+        mirror.update(specs())
         serial = core.resolve("m").serial
         good = world.request("m", rows(2))
         assert mirror.check(good) == serial
@@ -78,7 +78,7 @@ def test_the_core_skips_the_checks_only_for_the_version_the_worker_checked(world
         assert (refused.code, refused.message) == (unmarked.code, unmarked.message)
         assert "unexpected shape for input 'IN'" in refused.message
 
-        mirror.update(model_specs(core))
+        mirror.update(specs())  # the reload started a version: specs made again
         assert mirror.check(world.request("m", rows(2, width=3))) == core.resolve("m").serial
         assert mirror.check(world.request("m", rows(2))) == 0
 

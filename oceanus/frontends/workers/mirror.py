@@ -22,30 +22,42 @@ from oceanus.core.validation import TensorSpec, validate_request
 
 # The wire form of one version: (serial, name, max_batch_size, inputs, outputs), each tensor
 # (name, datatype, dims, optional): plain values, as marshal carries them.
-_cache: dict[int, tuple[Any, ...]] = {}
+Spec = tuple[Any, ...]
 
 
-def model_specs(core: ServerCore) -> dict[str, dict[str, tuple[Any, ...]]]:
-    """What the workers mirror: {model name: {version: spec}}, ready versions only."""
-    global _cache
-    seen: dict[int, tuple[Any, ...]] = {}
-    specs: dict[str, dict[str, tuple[Any, ...]]] = {}
+class Specs:
+    """What the workers mirror of `core`: {model name: {version: spec}}, ready versions only.
+    Made again only after a version started or stopped (`ModelVersion.changes`): the state is
+    read after every call a worker forwards, health probes included."""
+
+    def __init__(self, core: ServerCore) -> None:
+        self._core = core
+        self._seen = -1
+        self._specs: dict[str, dict[str, Spec]] = {}
+
+    def __call__(self) -> dict[str, dict[str, Spec]]:
+        if self._seen != ModelVersion.changes:
+            self._seen = ModelVersion.changes
+            self._specs = _model_specs(self._core)
+        return self._specs
+
+
+def _model_specs(core: ServerCore) -> dict[str, dict[str, Spec]]:
+    specs: dict[str, dict[str, Spec]] = {}
     for name, entry in core.models.items():
-        versions: dict[str, tuple[Any, ...]] = {}
+        versions: dict[str, Spec] = {}
         for version in entry.versions.values():
             if version.ready and not version.decoupled:
-                spec = _cache.get(version.serial) or _spec(version)
-                seen[version.serial] = versions[version.version_str] = spec
+                versions[version.version_str] = _spec(version)
         highest = entry.highest_ready()
         if highest is not None and highest.version_str in versions:
             versions[""] = versions[highest.version_str]
         if versions:
             specs[name] = versions
-    _cache = seen  # the versions gone since are forgotten
     return specs
 
 
-def _spec(version: ModelVersion) -> tuple[Any, ...]:
+def _spec(version: ModelVersion) -> Spec:
     def tensors(specs: dict[str, TensorSpec]) -> tuple[Any, ...]:
         return tuple((s.name, s.datatype.name, s.dims, s.optional) for s in specs.values())
 
@@ -66,7 +78,7 @@ class _Version(NamedTuple):
     outputs: dict[str, TensorSpec]
 
 
-def _version(spec: tuple[Any, ...]) -> _Version:
+def _version(spec: Spec) -> _Version:
     serial, name, max_batch_size, inputs, outputs = spec
 
     def tensors(wire: tuple[Any, ...]) -> dict[str, TensorSpec]:
