@@ -25,6 +25,7 @@ from oceanus.frontends.metrics import (
 )
 from oceanus.frontends.metrics.server import enable_latency_recording
 from oceanus.frontends.openai import OpenAIFrontend
+from oceanus.frontends.workers import mirror
 from oceanus.frontends.workers.core_link import CoreLink
 from oceanus.frontends.workers.supervisor import FrontendWorkers, auto_workers, claim_port
 from oceanus.ipc import budget
@@ -283,8 +284,14 @@ class Server:
         )
         handlers = {**service.method_handlers(), **service.health_handlers()}
 
+        specs = mirror.Specs(core)
+
         def state() -> dict[str, Any]:
-            return {"tracing": core.tracer.active, "log": dataclasses.asdict(settings.log)}
+            return {
+                "tracing": core.tracer.active,
+                "log": dataclasses.asdict(settings.log),
+                "models": specs(),  # what the workers validate requests against
+            }
 
         self._workers = FrontendWorkers(
             count, pickle.dumps(settings), lambda: CoreLink(core, http, handlers), state

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from oceanus.core.scheduling.sequence import SequenceScheduler
 from oceanus.core.shared_memory import write_output
 from oceanus.core.tensor_bytes import array_to_bytes
 from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
-from oceanus.core.validation import TensorSpec, validate_request
+from oceanus.core.validation import TensorSpec, checked_inputs, validate_request
 
 
 class ModelState(enum.Enum):
@@ -48,8 +49,18 @@ def failure_reason(error: InferenceServerError | None) -> str:
     return "OTHER"
 
 
+# Tells loaded versions apart for life: a request a frontend worker validated against a mirrored
+# config names the version's serial, and only that very version (same name, inputs, outputs,
+# max_batch_size) skips the checks; any other, a reload's included, checks it again.
+_serials = itertools.count(1)
+
+
 class ModelVersion:
     """One version of one model. `infer` is called on the event loop."""
+
+    # Counts versions started and stopped (in every server of the process): a copy of what is
+    # loaded (frontends/workers/mirror.py) looks again only when it moved.
+    changes = 0
 
     def __init__(
         self,
@@ -63,6 +74,7 @@ class ModelVersion:
         self.clock = clock  # what its scheduler and statistics read the time from
         self.version = version
         self.version_str = str(version)
+        self.serial = next(_serials)
         self.config = config
         self.path = path
         self.state = ModelState.LOADING
@@ -71,6 +83,7 @@ class ModelVersion:
         self.load_duration_s = 0.0
         self.inputs = {t.name: TensorSpec.from_config(t) for t in config.input}
         self.outputs = {t.name: TensorSpec.from_config(t) for t in config.output}
+        self._max_batch_size = config.max_batch_size  # read per request: a protobuf look-up less
         self._output_order = [t.name for t in config.output]
         self.scheduler: Scheduler | None = None
         # Decoupled models answer through infer_stream() only (0..N responses per request).
@@ -111,6 +124,7 @@ class ModelVersion:
         self._loop = asyncio.get_running_loop()
         self._workers = workers
         self.state = ModelState.READY
+        ModelVersion.changes += 1
         heap.after_load()
 
     def healthy(self) -> bool:
@@ -138,9 +152,12 @@ class ModelVersion:
             )
         # As in Triton, requests refused before they are queued (invalid, queue full) are not
         # counted in the statistics.
-        inputs, rows = validate_request(
-            request, self.name, self.config.max_batch_size, self.inputs, self.outputs
-        )
+        if request.checked == self.serial:  # a frontend worker ran validate_request already
+            inputs, rows = checked_inputs(request, self._max_batch_size)
+        else:
+            inputs, rows = validate_request(
+                request, self.name, self._max_batch_size, self.inputs, self.outputs
+            )
         future: asyncio.Future[InferResponse] = self._loop.create_future()
         self.scheduler.enqueue(
             Job(request=request, inputs=inputs, rows=rows, future=future, stream=stream)
@@ -324,6 +341,7 @@ class ModelVersion:
             self.scheduler.close()
             self.scheduler.stop_workers()
         self.state = ModelState.UNAVAILABLE
+        ModelVersion.changes += 1
         heap.after_unload(getattr(self, "_loop", None))  # None: never started (an ensemble)
 
 
@@ -338,7 +356,11 @@ class ModelEntry:
     error: str = ""
 
     def highest_ready(self) -> ModelVersion | None:
-        for version in sorted(self.versions, reverse=True):
+        versions = self.versions
+        if len(versions) == 1:  # the usual model: no sort per request
+            (only,) = versions.values()
+            return only if only.state is ModelState.READY else None
+        for version in sorted(versions, reverse=True):
             if self.versions[version].ready:
                 return self.versions[version]
         return None

@@ -52,6 +52,10 @@ class InferRequest:
     # The shared memory regions its inputs and outputs use (oceanus.core.shared_memory.Region),
     # held in use while it is queued or executing; None: none.
     shm_regions: list[Any] | None = None
+    # The `serial` of the model version whose config a frontend worker validated it against
+    # (validate_request there, on a mirrored copy); 0: not validated yet (docs/architecture.md,
+    # "The core's budget per request").
+    checked: int = 0
 
 
 @dataclass(slots=True)

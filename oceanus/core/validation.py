@@ -7,6 +7,7 @@ arrays get their final shape.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -79,6 +80,19 @@ def validate_request(
         pass
     ordered = _triton_order(given) if len(given) > 1 else given
     return _validate(request, model_name, max_batch_size, inputs, outputs, ordered, exact=True)
+
+
+def checked_inputs(request: InferRequest, max_batch_size: int) -> tuple[dict[str, np.ndarray], int]:
+    """validate_request's answer for a request it already accepted (in a frontend worker, for
+    the same model version): the arrays in their shapes and the rows, without the checks."""
+    arrays: dict[str, np.ndarray] = {}
+    batch_size = 0
+    for tensor in request.inputs:
+        data, shape = tensor.data, tensor.shape
+        arrays[tensor.name] = data if data.shape == shape else data.reshape(shape)
+        if not batch_size and max_batch_size > 0:  # as _validate takes it
+            batch_size = shape[0] & _UINT32
+    return arrays, batch_size if max_batch_size > 0 else 1
 
 
 def _triton_order(tensors: list[Tensor]) -> list[Tensor]:
@@ -233,9 +247,7 @@ def _shaped(
     shape: tuple[int, ...],
     spec: TensorSpec,
 ) -> np.ndarray:
-    expected = 1
-    for dim in shape:
-        expected *= dim
+    expected = math.prod(shape)
     # A negative dimension left (a variable one's): Triton's byte size mismatch, negative
     # expectation and all; an even number of them, which Triton would run, is refused too.
     if data.size != expected or min(shape, default=0) < 0:

@@ -81,11 +81,21 @@ class ModelStatistics:
         rows: int,
         first_response: bool = True,
     ) -> None:
-        self.success.add(request_ns)
-        self.queue.add(queue_ns)
-        self.compute_input.add(input_ns)
-        self.compute_infer.add(infer_ns)
-        self.compute_output.add(output_ns)
+        # Duration.add, inlined: five calls per request on the core's path
+        success, queue = self.success, self.queue
+        success.count += 1
+        success.ns += request_ns
+        queue.count += 1
+        queue.ns += queue_ns
+        compute = self.compute_input
+        compute.count += 1
+        compute.ns += input_ns
+        compute = self.compute_infer
+        compute.count += 1
+        compute.ns += infer_ns
+        compute = self.compute_output
+        compute.count += 1
+        compute.ns += output_ns
         self.inference_count += rows
         self.last_inference_ms = time.time_ns() // 1_000_000
         if self.latency is not None:
@@ -129,9 +139,15 @@ class ModelStatistics:
         stats = self.batches.get(batch_size)
         if stats is None:
             stats = self.batches[batch_size] = BatchStats()
-        stats.compute_input.add(input_ns)
-        stats.compute_infer.add(infer_ns)
-        stats.compute_output.add(output_ns)
+        compute = stats.compute_input  # Duration.add, inlined (once per execution)
+        compute.count += 1
+        compute.ns += input_ns
+        compute = stats.compute_infer
+        compute.count += 1
+        compute.ns += infer_ns
+        compute = stats.compute_output
+        compute.count += 1
+        compute.ns += output_ns
 
     def as_dict(self, name: str, version: str) -> dict[str, Any]:
         """Triton's layout of one entry of `model_stats`."""

@@ -422,9 +422,9 @@ class Scheduler:
                 f" and failed: {result.error.message}" if result.error else "",
             )
         # A failed execution still counts as one, as in Triton.
-        self._stats.record_execution(
-            sum(job.rows for job in batch), result.input_ns, result.infer_ns, result.output_ns
-        )
+        # (a lone request's rows without a generator: most executions on the loop are one)
+        rows = batch[0].rows if len(batch) == 1 else sum(job.rows for job in batch)
+        self._stats.record_execution(rows, result.input_ns, result.infer_ns, result.output_ns)
         for index, job in enumerate(batch):
             self._finish(job, result, now, result.error, index)
         if not self._closed:

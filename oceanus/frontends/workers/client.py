@@ -16,6 +16,7 @@ from typing import Any
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.http.protocol import HttpRequest, HttpResponse
 from oceanus.frontends.workers import messages as m
+from oceanus.frontends.workers.mirror import Mirror
 from oceanus.ipc.aio import AioChannel
 from oceanus.ipc.rings import RingReader, RingWriter
 
@@ -69,6 +70,7 @@ class CoreClient:
         self._calls: dict[int, Any] = {}
         # Server state the core mirrors to its workers.
         self.tracing = False
+        self.mirror = Mirror()  # the loaded versions' configs, to validate requests here
         self.on_drain: Callable[[], None] = lambda: None
         self.on_settings: Callable[[bytes], None] = lambda _: None
         self.on_state: Callable[[dict[str, Any]], None] = lambda _: None
@@ -128,7 +130,7 @@ class CoreClient:
         self._calls[call_id] = (future, request)
         self._watch(call_id, future)
         fields, block = m.place_request(fields, self.writer)
-        self._send(m.Infer(call_id, caller, fields, block))
+        self._send(m.Infer(call_id, caller, fields, block, self.mirror.check(request)))
         return future
 
     def http(self, request: HttpRequest) -> asyncio.Future[HttpResponse]:
@@ -186,6 +188,9 @@ class CoreClient:
 
     def _state(self, message: m.State) -> None:
         self.tracing = bool(message.values.get("tracing", self.tracing))
+        models = message.values.get("models")
+        if models is not None:
+            self.mirror.update(models)
         self.on_state(message.values)
 
     def _infer_ok(self, message: m.InferOk) -> None:

@@ -143,6 +143,7 @@ class CoreLink:
         block = m.Block(self.reader, message.block) if message.block is not None else None
         try:
             request = m.decode_request(message.request, block)
+            request.checked = message.checked
         except Exception as exc:
             self._send(m.InferError(call_id, *m.error_fields(exc)))
             return

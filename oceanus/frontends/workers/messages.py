@@ -43,6 +43,7 @@ class Infer(NamedTuple):
     caller: str
     request: tuple[Any, ...]
     block: Location | None
+    checked: int = 0  # the serial of the version it passed validation for (mirror.py); 0: none
     kind: int = 2
 
 
