@@ -149,6 +149,10 @@ def start(
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env=dict(os.environ, PYTHONPATH=str(checkout)),
+            # `python -m` puts the working directory before PYTHONPATH, for the server and for
+            # the stubs it starts: run from the checkout measured, or a baseline started from
+            # another checkout's root would run that checkout's code.
+            cwd=checkout,
         )
         benchlib.wait_http_ok(f"http://127.0.0.1:{http}/v2/health/ready", process, 120)
         return process, http, process.pid
