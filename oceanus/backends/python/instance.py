@@ -17,6 +17,7 @@ restarted.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -334,9 +335,14 @@ class PythonInstance(RequestInstance):
         one-off files where one at a time would not."""
         if sum(a.nbytes for job in jobs for a in job.inputs.values()) > self._capacity // 16:
             return functools.partial(self.execute_requests, jobs)
-        return self._send_batch(jobs)
+        # Behind a batch not yet answered (the rest of a group), held: they leave together
+        # when the first is awaited, in one write (each write from this thread is one more
+        # wait for the GIL the event loop holds), while the stub already executes the first.
+        return self._send_batch(jobs, hold=bool(self._inflight.batches))
 
-    def _send_batch(self, jobs: Sequence[RequestJob]) -> Callable[[], RequestsResult]:
+    def _send_batch(
+        self, jobs: Sequence[RequestJob], hold: bool = False
+    ) -> Callable[[], RequestsResult]:
         started = time.monotonic_ns()
         keys = [next(self._keys) for _ in jobs]
         input_types, all_outputs = self._input_types, self._all_outputs
@@ -347,13 +353,15 @@ class PythonInstance(RequestInstance):
         heads = [
             request_head(k, j.request, all_outputs, states) for k, j in zip(keys, jobs, strict=True)
         ]
-        stub, batch = self._send(jobs, keys, groups, heads)
+        stub, batch = self._send(jobs, keys, groups, heads, hold)
         return functools.partial(self._result, stub, batch, started, time.monotonic_ns())
 
     def _result(self, stub: Stub, batch: Batch, started: int, sent: int) -> RequestsResult:
         """Wait for a sent batch's answer. Its execution began when it was sent or, sent behind
         others, when the one before it was answered."""
         begun = max(sent, self._last_answer_ns)
+        with contextlib.suppress(OSError):  # a stub gone: its watchdog fails the batches
+            stub.channel.flush()  # the batches held behind this one
         try:
             assert stub.mailbox is not None
             if stub.mailbox.wait(lambda: batch.done, self._execute_timeout or None):
@@ -381,6 +389,7 @@ class PythonInstance(RequestInstance):
         keys: list[int],
         groups: list[list[tp.TensorItem]],
         heads: list[RequestHead],
+        hold: bool = False,
     ) -> tuple[Stub, Batch]:
         """Send the batch to the current stub (waiting for one while it restarts); the one
         place batches leave for a stub."""
@@ -399,7 +408,7 @@ class PythonInstance(RequestInstance):
                 self._inflight.add(batch_id, batch)
             try:
                 build = functools.partial(exec_message, batch_id, heads)
-                stub.channel.send_tensors(stub.writer, groups, build)
+                stub.channel.send_tensors(stub.writer, groups, build, hold=hold)
             except OSError:
                 # The stub died before it got the batch: run the batch on the next one.
                 self._inflight.drop(batch_id)
