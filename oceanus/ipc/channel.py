@@ -166,6 +166,33 @@ class Channel:
                 raise EOFError("channel closed")
             buffer += chunk
 
+    def recv_ready(self) -> list[Any] | None:
+        """The messages there without waiting: those already buffered whole and what one
+        non-blocking read brings. None when the other end closed."""
+        try:
+            chunk: bytes | None = self.sock.recv(1 << 16, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            chunk = None
+        except OSError:
+            return None
+        buffer = self._buffer
+        if chunk is not None:
+            if not chunk:
+                return None
+            buffer += chunk
+        classes = self._classes
+        messages = []
+        while len(buffer) >= 4:
+            (length,) = LENGTH.unpack_from(buffer, 0)
+            if len(buffer) < 4 + length:
+                break
+            message = marshal.loads(buffer[4 : 4 + length])
+            del buffer[: 4 + length]
+            messages.append(
+                message if classes is None else _new_tuple(classes[message[-1]], message)
+            )
+        return messages
+
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
@@ -236,6 +263,36 @@ class Mailbox:
                     self.channel.flush()
                 continue
             self._read_one(remaining, wakeable)
+
+    def read_ready(self) -> bool:
+        """Read and dispatch what is there without waiting, for a reader an event loop drives
+        (`add_reader`); nothing while another thread reads (it dispatches). False once the
+        channel is closed."""
+        with self.cond:
+            if self.closed:
+                return False
+            if self._reading:
+                return True
+            self._reading = True
+        messages = None
+        try:
+            messages = self.channel.recv_ready()
+        finally:
+            with self.cond:
+                self._reading = False
+                self._last_read = time.monotonic()
+                try:
+                    if messages is None:
+                        self.closed = True
+                    else:
+                        for message in messages:
+                            self._dispatch(message)
+                finally:
+                    self.cond.notify_all()
+        if messages is None:
+            self._on_eof()
+            return False
+        return True
 
     def standby(self) -> None:
         """The standby reader's loop (its own thread), until the channel closes.
