@@ -35,7 +35,7 @@ from oceanus.backends.python import transport as tp
 from oceanus.backends.python.batches import Batch, InFlight, exec_message, request_head
 from oceanus.backends.python.dispatch import Dispatcher
 from oceanus.backends.python.exec_env import resolve as resolve_env
-from oceanus.backends.python.loop_batches import LoopBatches
+from oceanus.backends.python.loop_batches import LoopBatches, small_tensors
 from oceanus.backends.python.options import PythonOptions
 from oceanus.backends.python.server_calls import ServerCalls
 from oceanus.backends.python.stub_launcher import IS_READY_CACHE_S, Stub, exit_text, spawn
@@ -131,7 +131,12 @@ class PythonInstance(RequestInstance):
         self._batch_ids = itertools.count(1)
         # Batches sent and completed on the event loop, no instance thread (loop_batches.py):
         # not for decoupled models nor with an execute timeout, which the thread path keeps.
-        self.loop_driven = server is not None and not self.decoupled and not self._execute_timeout
+        self.loop_driven = (
+            server is not None
+            and not self.decoupled
+            and not self._execute_timeout
+            and small_tensors(config, self._capacity // 16)
+        )
         self._loop_batches = (
             LoopBatches(self, server.loop, self._capacity // 16, RESTART_WAIT_S)
             if server is not None and self.loop_driven

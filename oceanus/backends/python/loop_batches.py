@@ -26,8 +26,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from tritonclient.grpc import model_config_pb2 as mc
+
 from oceanus.backends.python.batches import Batch
 from oceanus.backends.python.stub_launcher import Stub
+from oceanus.core import datatypes
 from oceanus.core.backend import RequestJob, RequestsResult
 from oceanus.core.errors import unavailable
 
@@ -35,6 +38,25 @@ if TYPE_CHECKING:
     from oceanus.backends.python.instance import PythonInstance
 
 Done = Callable[[RequestsResult | Exception], None]
+
+
+def small_tensors(config: mc.ModelConfig, limit: int) -> bool:
+    """Whether a batch's inputs and outputs are known to stay under `limit` bytes (fixed
+    shapes of fixed-size datatypes). Larger ones keep the instance thread: their copies into
+    and out of the rings would run on the event loop (4 MiB tensors: 0.89x on the loop)."""
+    rows = max(config.max_batch_size, 1)
+    total = 0
+    for spec in [*config.input, *config.output]:
+        if any(d < 0 for d in spec.dims):
+            continue  # variable: not known here
+        found = datatypes.BY_NAME.get(mc.DataType.Name(spec.data_type)[5:])
+        if found is None or found.dtype.kind == "O":
+            continue  # BYTES: not known here
+        count = rows
+        for d in spec.dims:
+            count *= d
+        total += count * found.dtype.itemsize
+    return total <= limit
 
 
 class _Entry:
