@@ -33,6 +33,7 @@ say), in the same rounds: before/after ratios measured side by side.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -149,6 +150,10 @@ def start(
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env=dict(os.environ, PYTHONPATH=str(checkout)),
+            # `python -m` puts the working directory before PYTHONPATH, for the server and for
+            # the stubs it starts: run from the checkout measured, or a baseline started from
+            # another checkout's root would run that checkout's code.
+            cwd=checkout,
         )
         benchlib.wait_http_ok(f"http://127.0.0.1:{http}/v2/health/ready", process, 120)
         return process, http, process.pid
@@ -165,6 +170,44 @@ def start(
     pid = int(out.stdout.strip().splitlines()[-1])
     benchlib.wait_http_ok(f"http://127.0.0.1:{http}/v2/health/ready", None, 120)
     return None, http, pid
+
+
+def process_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) of a server process and of its children together (the
+    Python stubs: Oceanus' and Triton's are children of the server process)."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu(p: int) -> float:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / tick
+
+    children: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            children.update(int(c) for c in (task / "children").read_text().split())
+    return cpu(pid), sum(cpu(c) for c in children)
+
+
+def cpu_per_request(
+    before: tuple[float, float, int], after: tuple[float, float, int]
+) -> dict[str, float]:
+    """CPU-µs per request of the server process and of its stubs between two readings of
+    (server CPU s, stub CPU s, inference count)."""
+    count = after[2] - before[2]
+    if count <= 0:
+        return {}
+    return {
+        "server_cpu_us": round((after[0] - before[0]) * 1e6 / count, 1),
+        "stub_cpu_us": round((after[1] - before[1]) * 1e6 / count, 1),
+    }
+
+
+def cpu_cell(medians: dict[str, float]) -> str:
+    """ "server + stub" CPU-µs per request, for the table."""
+    return f"{medians.get('server_cpu_us', 0):.0f} + {medians.get('stub_cpu_us', 0):.0f}"
 
 
 def stop(process: subprocess.Popen[bytes] | None, pid: int) -> None:
@@ -225,6 +268,9 @@ def main() -> int:
                         if model == CEILING and server == "triton":
                             continue  # the reference serves Python models only
                         watch = ShmWatch(shm_dir()) if server != "triton" else None
+                        url = f"127.0.0.1:{port}"
+                        count = benchlib.model_stats(url, model)["inference_count"]
+                        before = (*process_cpu(pid), count)
                         result = perf.run_level(
                             binary,
                             env,
@@ -233,6 +279,8 @@ def main() -> int:
                             args.concurrency,
                             window_ms=args.window_ms,
                         )
+                        count = benchlib.model_stats(url, model)["inference_count"]
+                        result.update(cpu_per_request(before, (*process_cpu(pid), count)))
                         if watch is not None:
                             prefix = f"oceanus-py-{pid}-"
                             files = sum(n.startswith(prefix) for n in watch.created())
@@ -243,7 +291,9 @@ def main() -> int:
                         print(
                             f"round {round_index + 1} {server:8s} {model:14s} "
                             f"{result.get('throughput', 0):7.0f} infer/s  "
-                            f"p50 {result.get('p50_ms') or 0:.2f} ms"
+                            f"p50 {result.get('p50_ms') or 0:.2f} ms  CPU-µs/request: server "
+                            f"{result.get('server_cpu_us', 0):.0f}, stub "
+                            f"{result.get('stub_cpu_us', 0):.0f}"
                         )
                 finally:
                     stop(process, pid)
@@ -252,6 +302,10 @@ def main() -> int:
             model: {
                 "infer_per_s": benchlib.median([r.get("throughput", 0.0) for r in results]),
                 "p50_ms": benchlib.median([r.get("p50_ms") or 0.0 for r in results]),
+                **{
+                    key: benchlib.median([r.get(key, 0.0) for r in results])
+                    for key in ("server_cpu_us", "stub_cpu_us")
+                },
             }
             for model, results in per_model.items()
             if results
@@ -262,20 +316,22 @@ def main() -> int:
     rows = []
     for model in models:
         ours = medians["oceanus"][model]
-        row = [model, f"{ours['infer_per_s']:.0f}", f"{ours['p50_ms']:.2f}"]
+        row = [model, f"{ours['infer_per_s']:.0f}", f"{ours['p50_ms']:.2f}", cpu_cell(ours)]
         for server in others:
             twin = CEILING_TWIN if model == CEILING and server == "triton" else model
             theirs = medians[server].get(twin, {"infer_per_s": 0.0, "p50_ms": 0.0})
             ratio = ours["infer_per_s"] / theirs["infer_per_s"] if theirs["infer_per_s"] else 0
-            row += [f"{theirs['infer_per_s']:.0f}", f"{theirs['p50_ms']:.2f}", f"{ratio:.2f}x"]
+            row += [f"{theirs['infer_per_s']:.0f}", f"{theirs['p50_ms']:.2f}", cpu_cell(theirs)]
+            row.append(f"{ratio:.2f}x")
         rows.append(row)
-    headers = ["model", "Oceanus infer/s", "p50 ms"]
+    headers = ["model", "Oceanus infer/s", "p50 ms", "CPU-µs/req"]
     for server in others:
         label = "Triton" if server == "triton" else "baseline"
-        headers += [f"{label} infer/s", "p50 ms", f"vs {label}"]
+        headers += [f"{label} infer/s", "p50 ms", "CPU-µs/req", f"vs {label}"]
     print()
     print(benchlib.table(headers, rows))
     print(f"concurrency {args.concurrency}, medians of {args.repeat}; load before {load_before}")
+    print("CPU-µs/req: the server process + its stub processes, per request, over the run")
     print(f"one-off shared-memory files Oceanus created, all rounds: {one_off['oceanus']}")
     if CEILING in models and "triton" in servers:
         print(f"{CEILING}: Oceanus only (ONNX, no Python); its Triton column is {CEILING_TWIN}'s")

@@ -157,7 +157,11 @@ def _run_tree(tree: Path, requests: int, models: list[str]) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     command = [sys.executable, str(BENCH_DIR / "python_budget.py"), "--child"]
     command += ["--requests", str(requests), "--models", ",".join(models)]
-    output = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
+    # The stub starts with `python -m`, which puts the working directory before PYTHONPATH:
+    # from the tree's root, it runs that tree's stub.
+    output = subprocess.run(
+        command, env=env, cwd=tree, check=True, capture_output=True, text=True
+    ).stdout
     result: dict[str, float] = json.loads(output.strip().splitlines()[-1])
     return result
 

@@ -180,8 +180,21 @@ class RequestInstance(BackendInstance):
     """An instance that gets the requests of a batch themselves and answers each one; raising
     fails every request of the batch. Never run on the event loop (it runs user code)."""
 
+    # True: batches go to `submit_on_loop`, on the event loop, instead of the instance's thread
+    # (an instance whose work runs elsewhere and which can wait for it without blocking: the
+    # Python backend's stub). Set before the instance is handed to the core.
+    loop_driven: bool = False
+
     @abstractmethod
     def execute_requests(self, jobs: Sequence[RequestJob]) -> RequestsResult: ...
+
+    def submit_on_loop(
+        self, jobs: Sequence[RequestJob], done: Callable[[RequestsResult | Exception], None]
+    ) -> None:
+        """For a `loop_driven` instance: called on the event loop, start executing `jobs`
+        without blocking and later call `done` once, on the loop, with the result or the
+        error. Batches are executed one after another, in the order they were submitted."""
+        raise NotImplementedError
 
     def start_requests(self, jobs: Sequence[RequestJob]) -> Callable[[], RequestsResult]:
         """Begin executing `jobs` and return what waits for their result. The instance thread

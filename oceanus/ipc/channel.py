@@ -60,7 +60,13 @@ class Channel:
     With `kinds`, `recv` returns the typed message (plain tuples otherwise). `send` may be
     called from any thread; `recv` from one thread at a time (see Mailbox). Senders that place
     tensors in a ring hold `lock` from placing to sending, so blocks reach the reader in ring
-    order."""
+    order.
+
+    A message may be held (`send_tensors(..., hold=True)`) instead of sent: it leaves with the
+    next message sent, at `flush()`, or before a thread of this end blocks waiting for the other
+    one (`recv`, Mailbox.wait), whichever comes first. So a run of messages written without
+    waiting in between crosses in one system call and wakes the other end once, and a held
+    message can never wait for an answer that needs it."""
 
     def __init__(self, sock: socket.socket, kinds: MessageKinds | None = None) -> None:
         self.sock = sock
@@ -72,15 +78,39 @@ class Channel:
         self._poll_socket = select.poll()
         self._poll_socket.register(sock.fileno(), select.POLLIN)
         self._wake_fd = -1
+        self._held: list[bytes] = []  # frames not sent yet, in order (guarded by `lock`)
 
     def send(self, message: tuple[Any, ...]) -> None:
         data = frame(message)
         with self.lock:
+            if self._held:
+                data = self._take_held(data)
             self.sock.sendall(data)
 
     def send_locked(self, message: tuple[Any, ...]) -> None:
         """`send` for a caller already holding `lock`."""
-        self.sock.sendall(frame(message))
+        data = frame(message)
+        if self._held:
+            data = self._take_held(data)
+        self.sock.sendall(data)
+
+    def _take_held(self, data: bytes = b"") -> bytes:
+        held = self._held
+        held.append(data)
+        data = b"".join(held)
+        held.clear()
+        return data
+
+    @property
+    def holding(self) -> bool:
+        return bool(self._held)
+
+    def flush(self) -> None:
+        """Send the held messages now."""
+        if self._held:
+            with self.lock:
+                if self._held:
+                    self.sock.sendall(self._take_held())
 
     def send_tensors(
         self,
@@ -88,14 +118,18 @@ class Channel:
         groups: Sequence[Sequence[TensorItem]],
         build: Callable[[Location | None, list[list[TensorDesc]]], tuple[Any, ...]],
         before_send: Callable[[], None] | None = None,
+        hold: bool = False,
     ) -> None:
         """Place the groups' tensors in one block of `writer`'s ring, build the message from its
-        location and the descriptors (one list per group), send it."""
+        location and the descriptors (one list per group), send it (`hold`: hold it)."""
         with self.lock:
             loc, descs = pack(writer, groups)
             if before_send is not None:
                 before_send()
-            self.send_locked(build(loc, descs))
+            if hold:
+                self._held.append(frame(build(loc, descs)))
+            else:
+                self.send_locked(build(loc, descs))
 
     def watch(self, wake_fd: int) -> None:
         """Let `recv` also return (None) when `wake_fd` becomes readable."""
@@ -116,6 +150,8 @@ class Channel:
                     if classes is None:
                         return message
                     return _new_tuple(classes[message[-1]], message)
+            if self._held:  # about to wait for the other end: what it may need goes first
+                self.flush()
             if timeout is not None or (wakeable and self._wake_fd >= 0):
                 poll = self._poll if wakeable else self._poll_socket
                 events = poll.poll(None if timeout is None else max(0, timeout * 1000))
@@ -129,6 +165,33 @@ class Channel:
             if not chunk:
                 raise EOFError("channel closed")
             buffer += chunk
+
+    def recv_ready(self) -> list[Any] | None:
+        """The messages there without waiting: those already buffered whole and what one
+        non-blocking read brings. None when the other end closed."""
+        try:
+            chunk: bytes | None = self.sock.recv(1 << 16, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            chunk = None
+        except OSError:
+            return None
+        buffer = self._buffer
+        if chunk is not None:
+            if not chunk:
+                return None
+            buffer += chunk
+        classes = self._classes
+        messages = []
+        while len(buffer) >= 4:
+            (length,) = LENGTH.unpack_from(buffer, 0)
+            if len(buffer) < 4 + length:
+                break
+            message = marshal.loads(buffer[4 : 4 + length])
+            del buffer[: 4 + length]
+            messages.append(
+                message if classes is None else _new_tuple(classes[message[-1]], message)
+            )
+        return messages
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -178,6 +241,7 @@ class Mailbox:
         so reading must be interruptible (one more system call per message)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            flush = False
             with self.cond:
                 while True:
                     if done():
@@ -188,8 +252,47 @@ class Mailbox:
                     if not self._reading and not self.closed:
                         self._reading = True
                         break
+                    # Another thread reads: what this one held goes before it sleeps (sent
+                    # outside the condition, which the reading thread needs to dispatch).
+                    flush = self.channel.holding
+                    if flush:
+                        break
                     self.cond.wait(remaining)
+            if flush:
+                with contextlib.suppress(OSError):  # closed: the reading thread sees it
+                    self.channel.flush()
+                continue
             self._read_one(remaining, wakeable)
+
+    def read_ready(self) -> bool:
+        """Read and dispatch what is there without waiting, for a reader an event loop drives
+        (`add_reader`); nothing while another thread reads (it dispatches). False once the
+        channel is closed."""
+        with self.cond:
+            if self.closed:
+                return False
+            if self._reading:
+                return True
+            self._reading = True
+        messages = None
+        try:
+            messages = self.channel.recv_ready()
+        finally:
+            with self.cond:
+                self._reading = False
+                self._last_read = time.monotonic()
+                try:
+                    if messages is None:
+                        self.closed = True
+                    else:
+                        for message in messages:
+                            self._dispatch(message)
+                finally:
+                    self.cond.notify_all()
+        if messages is None:
+            self._on_eof()
+            return False
+        return True
 
     def standby(self) -> None:
         """The standby reader's loop (its own thread), until the channel closes.

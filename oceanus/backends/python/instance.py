@@ -17,6 +17,7 @@ restarted.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -25,20 +26,16 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.backends.python import messages as msg
 from oceanus.backends.python import transport as tp
-from oceanus.backends.python.batches import (
-    Batch,
-    InFlight,
-    RequestHead,
-    exec_message,
-    request_head,
-)
+from oceanus.backends.python.batches import Batch, InFlight, exec_message, request_head
 from oceanus.backends.python.dispatch import Dispatcher
 from oceanus.backends.python.exec_env import resolve as resolve_env
+from oceanus.backends.python.loop_batches import LoopBatches, small_tensors
 from oceanus.backends.python.options import PythonOptions
 from oceanus.backends.python.server_calls import ServerCalls
 from oceanus.backends.python.stub_launcher import IS_READY_CACHE_S, Stub, exit_text, spawn
@@ -132,6 +129,19 @@ class PythonInstance(RequestInstance):
         self._keys = itertools.count(1)
         self._last_answer_ns = 0  # when the stub last answered a batch (the instance thread's)
         self._batch_ids = itertools.count(1)
+        # Batches sent and completed on the event loop, no instance thread (loop_batches.py):
+        # not for decoupled models nor with an execute timeout, which the thread path keeps.
+        self.loop_driven = (
+            server is not None
+            and not self.decoupled
+            and not self._execute_timeout
+            and small_tensors(config, self._capacity // 16)
+        )
+        self._loop_batches = (
+            LoopBatches(self, server.loop, self._capacity // 16, RESTART_WAIT_S)
+            if server is not None and self.loop_driven
+            else None
+        )
         self._start()
 
     # ---- the stub's life --------------------------------------------------------------------
@@ -160,7 +170,7 @@ class PythonInstance(RequestInstance):
             raise
         stub.mailbox = tp.Mailbox(
             stub.channel,
-            functools.partial(self._dispatch, stub),
+            functools.partial(self._on_message, stub),
             stub.process.kill,  # end of file: the stub is gone or broken; the watchdog acts
             # A decoupled model's responses come while nobody waits: read them at once.
             standby_after_s=0.0 if self.decoupled else STANDBY_AFTER_S,
@@ -178,6 +188,13 @@ class PythonInstance(RequestInstance):
         standby.start()
         watchdog.start()
         self._ready.set()
+        if self._loop_batches is not None:
+            self._loop_batches.stub_started()
+
+    def _on_message(self, stub: Stub, message: msg.Message) -> None:
+        self._dispatch(stub, message)
+        if self._loop_batches is not None:
+            self._loop_batches.dispatched(message)
 
     def healthy(self) -> bool:
         return self._ready.is_set()
@@ -263,6 +280,8 @@ class PythonInstance(RequestInstance):
                 batch.result = error
                 batch.done = True
             mailbox.cond.notify_all()
+        if self._loop_batches is not None:
+            self._loop_batches.stub_gone()
         stub.channel.close()  # a thread still reading gets end of file
         mailbox.close()
         stub.metrics.close()
@@ -320,8 +339,23 @@ class PythonInstance(RequestInstance):
                 thread.join(timeout=10)
         stub.metrics.close()
         stub.close_rings()
+        if self._loop_batches is not None:
+            self._loop_batches.close()
 
     # ---- execution ----------------------------------------------------------------------------
+
+    def submit_on_loop(
+        self, jobs: Sequence[RequestJob], done: Callable[[RequestsResult | Exception], None]
+    ) -> None:
+        assert self._loop_batches is not None
+        self._loop_batches.submit(jobs, done)
+
+    @property
+    def last_answer_ns(self) -> int:
+        return self._last_answer_ns
+
+    def finished(self, batch: Batch) -> None:
+        self._inflight.finished(batch)
 
     def execute_requests(self, jobs: Sequence[RequestJob]) -> RequestsResult:
         return self._send_batch(jobs)()
@@ -334,26 +368,30 @@ class PythonInstance(RequestInstance):
         one-off files where one at a time would not."""
         if sum(a.nbytes for job in jobs for a in job.inputs.values()) > self._capacity // 16:
             return functools.partial(self.execute_requests, jobs)
-        return self._send_batch(jobs)
+        # Behind a batch not yet answered (the rest of a group), held: they leave together
+        # when the first is awaited, in one write (each write from this thread is one more
+        # wait for the GIL the event loop holds), while the stub already executes the first.
+        return self._send_batch(jobs, hold=bool(self._inflight.batches))
 
-    def _send_batch(self, jobs: Sequence[RequestJob]) -> Callable[[], RequestsResult]:
+    def _send_batch(
+        self, jobs: Sequence[RequestJob], hold: bool = False
+    ) -> Callable[[], RequestsResult]:
         started = time.monotonic_ns()
-        keys = [next(self._keys) for _ in jobs]
-        input_types, all_outputs = self._input_types, self._all_outputs
-        groups = [
-            [(name, input_types[name], array) for name, array in job.inputs.items()] for job in jobs
-        ]
-        states = self._state_outputs
-        heads = [
-            request_head(k, j.request, all_outputs, states) for k, j in zip(keys, jobs, strict=True)
-        ]
-        stub, batch = self._send(jobs, keys, groups, heads)
+        sent = self._send(jobs, hold)
+        assert sent is not None  # waited for a stub
+        stub, batch = sent
         return functools.partial(self._result, stub, batch, started, time.monotonic_ns())
+
+    def send_now(self, jobs: Sequence[RequestJob]) -> tuple[Stub, Batch] | None:
+        """Send without waiting (loop_batches.py): None while there is no stub to send to."""
+        return self._send(jobs, wait=False)
 
     def _result(self, stub: Stub, batch: Batch, started: int, sent: int) -> RequestsResult:
         """Wait for a sent batch's answer. Its execution began when it was sent or, sent behind
         others, when the one before it was answered."""
         begun = max(sent, self._last_answer_ns)
+        with contextlib.suppress(OSError):  # a stub gone: its watchdog fails the batches
+            stub.channel.flush()  # the batches held behind this one
         try:
             assert stub.mailbox is not None
             if stub.mailbox.wait(lambda: batch.done, self._execute_timeout or None):
@@ -362,6 +400,12 @@ class PythonInstance(RequestInstance):
                 item = self._timed_out(batch, stub)
         finally:
             self._inflight.finished(batch)
+        return self.answered(batch, item, started, sent, begun)
+
+    def answered(
+        self, batch: Batch, item: Any, started: int, sent: int, begun: int
+    ) -> RequestsResult:
+        """A batch's answer (`Batch.result`) as the core wants it; raises the batch's error."""
         if isinstance(item, InferenceServerError):
             self._inflight.forget_streams(batch)  # the core ends them with the error
             raise item
@@ -376,18 +420,26 @@ class PythonInstance(RequestInstance):
         )
 
     def _send(
-        self,
-        jobs: Sequence[RequestJob],
-        keys: list[int],
-        groups: list[list[tp.TensorItem]],
-        heads: list[RequestHead],
-    ) -> tuple[Stub, Batch]:
-        """Send the batch to the current stub (waiting for one while it restarts); the one
-        place batches leave for a stub."""
+        self, jobs: Sequence[RequestJob], hold: bool = False, wait: bool = True
+    ) -> tuple[Stub, Batch] | None:
+        """Send the batch to the current stub (waiting for one while it restarts, unless not
+        `wait`: then None); the one place batches leave for a stub."""
+        keys = [next(self._keys) for _ in jobs]
+        input_types, all_outputs = self._input_types, self._all_outputs
+        groups = [
+            [(name, input_types[name], array) for name, array in job.inputs.items()] for job in jobs
+        ]
+        states = self._state_outputs
+        heads = [
+            request_head(k, j.request, all_outputs, states) for k, j in zip(keys, jobs, strict=True)
+        ]
         retried = False
         while True:
-            if not self._ready.is_set() and not self._ready.wait(RESTART_WAIT_S):
-                raise self._unhealthy()
+            if not self._ready.is_set():
+                if not wait:
+                    return None
+                if not self._ready.wait(RESTART_WAIT_S):
+                    raise self.unhealthy()
             batch = Batch(jobs, keys)  # new each try: a dead stub's watchdog fails the last one
             batch.batch_id = batch_id = next(self._batch_ids)
             with self._lock:
@@ -399,17 +451,19 @@ class PythonInstance(RequestInstance):
                 self._inflight.add(batch_id, batch)
             try:
                 build = functools.partial(exec_message, batch_id, heads)
-                stub.channel.send_tensors(stub.writer, groups, build)
+                stub.channel.send_tensors(stub.writer, groups, build, hold=hold)
             except OSError:
                 # The stub died before it got the batch: run the batch on the next one.
                 self._inflight.drop(batch_id)
+                if not wait:
+                    return None
                 if retried or not self._wait_replaced(stub):
-                    raise self._unhealthy() from None
+                    raise self.unhealthy() from None
                 retried = True
                 continue
             return stub, batch
 
-    def _unhealthy(self) -> InferenceServerError:
+    def unhealthy(self) -> InferenceServerError:
         return internal(f"Stub process '{self.name}' is not healthy.")
 
     def _wait_replaced(self, stub: Stub) -> bool:

@@ -120,6 +120,9 @@ class InstanceThread:
             self._request_instance is not None
             and type(self._request_instance).start_requests is not RequestInstance.start_requests
         )
+        # Loop-driven: batches start and end on the event loop; the thread stays idle.
+        self._on_loop = self._request_instance is not None and self._request_instance.loop_driven
+        self._outstanding = 0  # loop-driven batches submitted and not done
         if self._request_instance is None and self._batch_instance is None:
             raise TypeError(
                 f"{type(instance).__name__} is neither a BatchInstance nor a RequestInstance"
@@ -146,8 +149,42 @@ class InstanceThread:
         """Execute the batches one after another (each its own execution) and hand them back
         together: one wake-up of the thread and one of the loop for the group, where a batch
         each would pay two (the cost that bounds a one-request-per-execute model under load)."""
+        if self._on_loop:
+            instance = self._request_instance
+            assert instance is not None
+            self._outstanding += len(batches)
+            for batch in batches:
+                done = functools.partial(self._loop_done, batch, self._now_ns())
+                try:
+                    instance.submit_on_loop(batch, done)
+                except Exception as exc:
+                    done(exc)
+            return
         ThreadBatches.executing += 1
         self._batches.put(batches)
+
+    def _loop_done(
+        self, batch: list[Job], submitted: int, answer: RequestsResult | Exception
+    ) -> None:
+        """A loop-driven batch's end, on the loop: the instance is idle again (for the
+        scheduler) once every batch it was handed is done."""
+        run: Callable[[], RequestsResult]
+        if isinstance(answer, Exception):
+            run = functools.partial(_raise, answer)
+        else:
+            run = functools.partial(_same, answer)
+        result = self._requests_result(batch, submitted, run)
+        now = self._now_ns()
+        took = result.input_ns + result.infer_ns + result.output_ns or now - submitted
+        self._note_time(took)
+        # It waited behind the batches sent before it: queue time, as on the thread.
+        result.started_ns = max(submitted, now - took)
+        for job in batch:
+            job.started_ns = max(job.started_ns, result.started_ns)
+        self._outstanding -= 1
+        self.group_left = self._outstanding
+        assert self._on_done is not None
+        self._on_done(self, batch, result)
 
     def stop(self, wait: bool = True) -> None:
         self._batches.put(None)
@@ -314,6 +351,10 @@ class InstanceThread:
 
 def _raise(exc: Exception) -> RequestsResult:
     raise exc
+
+
+def _same(result: RequestsResult) -> RequestsResult:
+    return result
 
 
 def _assemble(batch: list[Job]) -> dict[str, np.ndarray]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -91,3 +92,24 @@ def test_large_inputs_are_not_sent_ahead_into_the_rings(tmp_path: Path) -> None:
         assert spilled == []
 
     asyncio.run(main())
+
+
+def test_models_with_large_fixed_tensors_keep_the_instance_thread() -> None:
+    """Batches of small (or not yet known) tensors go through the event loop; a model whose
+    fixed shapes make a batch larger than the share of the ring keeps the instance thread, so
+    its copies into and out of the rings do not run on the loop."""
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from oceanus.backends.python.loop_batches import small_tensors
+
+    def config(dims: list[int], max_batch: int = 0, data_type: int = mc.TYPE_FP32) -> Any:
+        tensor = {"name": "X", "data_type": data_type, "dims": dims}
+        return mc.ModelConfig(max_batch_size=max_batch, input=[tensor], output=[tensor])
+
+    limit = 512 * 1024
+    assert small_tensors(config([1, 16]), limit)
+    assert not small_tensors(config([1, 1 << 20]), limit)  # 4 MiB in and out
+    assert small_tensors(config([16 * 1024]), limit)  # 64 KiB each way
+    assert not small_tensors(config([16 * 1024], max_batch=8), limit)  # 8 rows of 64 KiB, twice
+    assert small_tensors(config([-1]), limit)  # not known at load
+    assert small_tensors(config([1 << 20], data_type=mc.TYPE_STRING), limit)

@@ -115,6 +115,47 @@ def test_channel_frames_messages_across_threads() -> None:
     receiver.close()
 
 
+def test_held_messages_leave_in_order_before_anything_else_and_before_a_wait(
+    ring: tuple[tp.RingWriter, tp.RingReader, Path],
+) -> None:
+    """A held message (a group's batches sent ahead) crosses with the next message sent, at
+    flush(), or before its sender blocks waiting for the other end: never later."""
+    writer, reader, _ = ring
+    left, right = socket.socketpair()
+    sender, receiver = tp.Channel(left), tp.Channel(right)
+
+    def hold(value: int) -> None:
+        items: list[tp.TensorItem] = [("x", "INT32", np.full(4, value, dtype=np.int32))]
+        sender.send_tensors(writer, [items], lambda loc, d: msg.Exec(value, loc, d), hold=True)
+
+    def received() -> list[int | str]:
+        got: list[int | str] = []
+        while (message := receiver.recv(timeout=0.05)) is not None:
+            if not isinstance(message, msg.Exec):
+                got.append(type(message).__name__)
+                continue
+            block, token = reader.open(message.location)
+            array = tp.unpack(block, message.requests[0], copy=True)[0][2]
+            reader.release(token)
+            assert array.tolist() == [message.batch_id] * 4  # its own ring block
+            got.append(message.batch_id)
+        return got
+
+    hold(1)
+    hold(2)
+    assert received() == []  # held: nothing crossed yet
+    sender.send(msg.Finalize())  # the next message sent takes them along, first
+    assert received() == [1, 2, "Finalize"]
+    hold(3)
+    sender.flush()
+    assert received() == [3]
+    hold(4)
+    assert sender.recv(timeout=0.01) is None  # it waited for the other end: 4 went first
+    assert received() == [4]
+    sender.close()
+    receiver.close()
+
+
 def test_numpy_dtypes() -> None:
     assert tp.numpy_dtype("FP32") == np.dtype(np.float32)
     assert tp.numpy_dtype("BYTES") == np.dtype(object)
