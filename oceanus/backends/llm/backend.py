@@ -35,7 +35,7 @@ from oceanus.core.backend import (
     ResponseStream,
 )
 from oceanus.core.errors import InferenceServerError, invalid_arg
-from oceanus.core.model import Send, send_together
+from oceanus.core.response_stream import Send, send_together
 
 log = logging.getLogger("oceanus.backends.llm")
 
