@@ -368,6 +368,46 @@ def median(values: Sequence[float]) -> float:
     return percentile(values, 50)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_status_sum(pid: int, field: str) -> int:
+    """A counter of /proc/<pid>/task/*/status (e.g. `voluntary_ctxt_switches`) summed over the
+    process's threads so far (0 once it is gone)."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return 0
+    total = 0
+    for task in tasks:
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith(f"{field}:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total
+
+
+def child_pids(pid: int) -> list[int]:
+    """A process's children, whichever of its threads started them."""
+    found: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return found
+    for task in tasks:
+        with contextlib.suppress(OSError):
+            found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
 def loadavg() -> list[float]:
     try:
         return [round(v, 2) for v in os.getloadavg()]

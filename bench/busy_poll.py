@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 import time
 from pathlib import Path
@@ -30,18 +29,12 @@ import perf
 MODEL = "simple"
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def measure(
     server: benchlib.Server, pa: tuple[Path, dict[str, str]], window_ms: int, call: Any
 ) -> dict[str, Any]:
-    cpu_before, began = cpu_seconds(server.proc.pid), time.perf_counter()
+    cpu_before, began = benchlib.cpu_seconds(server.proc.pid), time.perf_counter()
     row = perf.run_level(pa[0], pa[1], MODEL, server.http_url, 1, window_ms=window_ms)
-    cpu = (cpu_seconds(server.proc.pid) - cpu_before) / (time.perf_counter() - began)
+    cpu = (benchlib.cpu_seconds(server.proc.pid) - cpu_before) / (time.perf_counter() - began)
     latency.timed(call, 200)  # warm-up
     client_s = latency.timed(call, 2000)
     return {

@@ -33,7 +33,6 @@ say), in the same rounds: before/after ratios measured side by side.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import subprocess
 import sys
@@ -175,20 +174,8 @@ def start(
 def process_cpu(pid: int) -> tuple[float, float]:
     """CPU seconds (user + system) of a server process and of its children together (the
     Python stubs: Oceanus' and Triton's are children of the server process)."""
-    tick = os.sysconf("SC_CLK_TCK")
-
-    def cpu(p: int) -> float:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / tick
-
-    children: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):
-            children.update(int(c) for c in (task / "children").read_text().split())
-    return cpu(pid), sum(cpu(c) for c in children)
+    cpu = benchlib.cpu_seconds
+    return cpu(pid), sum(cpu(c) for c in benchlib.child_pids(pid))
 
 
 def cpu_per_request(

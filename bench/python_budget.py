@@ -35,6 +35,8 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 TICK = os.sysconf("SC_CLK_TCK")
 
+import benchlib  # noqa: E402 - bench/ is on the path above
+
 
 def _task_stats(pid: int) -> dict[int, tuple[str, float, int]]:
     """tid -> (thread name, CPU seconds, voluntary context switches) for a process's threads."""
@@ -62,14 +64,8 @@ def _task_stats(pid: int) -> dict[int, tuple[str, float, int]]:
 
 def _stub_pid(pid: int) -> int | None:
     """The stub process (a child of whichever server thread started it)."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            children = (task / "children").read_text().split()
-        except OSError:
-            continue
-        if children:
-            return int(children[0])
-    return None
+    children = benchlib.child_pids(pid)
+    return children[0] if children else None
 
 
 async def _measure(requests: int, models: list[str], hold: float) -> dict[str, float]:

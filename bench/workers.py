@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -43,55 +42,26 @@ import perf
 POINTS = (("simple", "http"), ("simple", "grpc"), ("simple_dyna", "http"))
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def sleeps(pid: int) -> int:
     """Voluntary context switches of all a process's threads so far: each is one sleep, so one
     wake-up paid later (0 once it is gone)."""
-    total = 0
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return 0
-    for task in tasks:
-        try:
-            for line in (task / "status").read_text().splitlines():
-                if line.startswith("voluntary_ctxt_switches:"):
-                    total += int(line.split()[1])
-        except OSError:
-            continue
-    return total
+    return benchlib.thread_status_sum(pid, "voluntary_ctxt_switches")
 
 
 def switches_and_syscalls(pid: int) -> tuple[int, int, int]:
     """(times preempted: involuntary context switches of all its threads, read system calls,
     write system calls) of a process so far (zeros once it is gone): with the sleeps, the core's
     per-request budget beyond its Python (docs/architecture.md, "The core's budget")."""
-    preempted = reads = writes = 0
+    reads = writes = 0
     try:
         for line in Path(f"/proc/{pid}/io").read_text().splitlines():
             if line.startswith("syscr:"):
                 reads = int(line.split()[1])
             elif line.startswith("syscw:"):
                 writes = int(line.split()[1])
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
         return 0, 0, 0
-    for task in tasks:
-        try:
-            for line in (task / "status").read_text().splitlines():
-                if line.startswith("nonvoluntary_ctxt_switches:"):
-                    preempted += int(line.split()[1])
-        except OSError:
-            continue
-    return preempted, reads, writes
+    return benchlib.thread_status_sum(pid, "nonvoluntary_ctxt_switches"), reads, writes
 
 
 def worker_pids(core_pid: int) -> list[int]:
@@ -138,8 +108,8 @@ def measure(
     workers = worker_pids(core)
     url = server.http_url if protocol == "http" else server.grpc_url
     assert url is not None
-    before_core = cpu_seconds(core)
-    before_workers = sum(cpu_seconds(pid) for pid in workers)
+    before_core = benchlib.cpu_seconds(core)
+    before_workers = sum(benchlib.cpu_seconds(pid) for pid in workers)
     before_sleeps = sleeps(core), sum(sleeps(pid) for pid in workers)
     before_counters = switches_and_syscalls(core)
     before_count = served(server.http_url, model)
@@ -147,8 +117,8 @@ def measure(
         pa[0], pa[1], model, url, args.concurrency, protocol=protocol, window_ms=args.window_ms
     )
     requests = served(server.http_url, model) - before_count
-    core_s = cpu_seconds(core) - before_core
-    workers_s = sum(cpu_seconds(pid) for pid in workers) - before_workers
+    core_s = benchlib.cpu_seconds(core) - before_core
+    workers_s = sum(benchlib.cpu_seconds(pid) for pid in workers) - before_workers
     core_sleeps = sleeps(core) - before_sleeps[0]
     worker_sleeps = sum(sleeps(pid) for pid in workers) - before_sleeps[1]
     counters = [b - a for a, b in zip(before_counters, switches_and_syscalls(core), strict=True)]
