@@ -18,7 +18,6 @@ import math
 import socket
 import subprocess
 import sys
-import threading
 from itertools import count
 from typing import Any
 
@@ -84,7 +83,6 @@ class OpenVinoEngine(Scheduler):
         )
         child.close()
         self._channel = Channel(parent, KINDS)
-        self._send_lock = threading.Lock()
         try:
             self._channel.send(Start(str(args.model), scheduler, properties))
             ready = self._channel.recv()
@@ -98,7 +96,7 @@ class OpenVinoEngine(Scheduler):
         self.export_s = ready.export_s
         self._rids = count(1)
         self._by_rid: dict[int, Sequence] = {}
-        self._rid_of: dict[int, int] = {}  # id(Sequence) -> rid, for the ones sent
+        self._rid_of: dict[Sequence, int] = {}  # the ones sent (Sequence hashes by identity)
         self._dead = ""  # why the worker is gone, once it is
         self._start()
 
@@ -163,8 +161,7 @@ class OpenVinoEngine(Scheduler):
 
     def _send(self, message: tuple[Any, ...]) -> None:
         try:
-            with self._send_lock:
-                self._channel.send(message)
+            self._channel.send(message)  # Channel.send holds the channel's own lock
         except OSError:
             raise self._gone() from None
 
@@ -181,9 +178,9 @@ class OpenVinoEngine(Scheduler):
         for seq in [s for s in self._running if s.cancelled()]:
             self._finish(seq, "abort", None)
         for seq in self._running:
-            if id(seq) not in self._rid_of:
+            if seq not in self._rid_of:
                 rid = next(self._rids)
-                self._rid_of[id(seq)] = rid
+                self._rid_of[seq] = rid
                 self._by_rid[rid] = seq
                 self._send(Add(rid, seq.prompt, self._generation_config(seq)))
                 self.counters.prompt_tokens += len(seq.prompt)
@@ -218,7 +215,7 @@ class OpenVinoEngine(Scheduler):
             self._send(Drop(rid))
 
     def _forget(self, seq: Sequence) -> int | None:
-        rid = self._rid_of.pop(id(seq), None)
+        rid = self._rid_of.pop(seq, None)
         if rid is not None:
             self._by_rid.pop(rid, None)
         return rid
