@@ -1,10 +1,11 @@
-"""The floor of gRPC in Python: a grpc.aio server that answers `simple`'s ModelInfer with a
-precomputed response and does nothing else, in one or more processes sharing the port.
+"""The floor of gRPC in Python: a server that answers `simple`'s ModelInfer with a precomputed
+response and does nothing else, in one or more processes sharing the port, on either transport:
+Oceanus's h2 one (oceanus/frontends/grpc/h2server.py, the default) or grpc.aio.
 
 Whatever Oceanus does per request comes on top of this; bench/workers.py runs it beside Oceanus
-so the ratio of the two shows how much of the gRPC cost is grpcio's own.
+so the ratio of the two shows how much of the gRPC cost is the transport's own.
 
-    python bench/grpc_echo.py --port 8001 --processes 2    # serves until interrupted
+    python bench/grpc_echo.py --port 8001 --processes 2 [--transport grpcio]  # until interrupted
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ import grpc
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
+
+from oceanus.frontends.grpc.h2server import H2Server, Limits
+from oceanus.frontends.grpc.server import MAX_MESSAGE_SIZE, GrpcOptions
+from oceanus.main import install_uvloop
 
 SERVICE = "inference.GRPCInferenceService"
 
@@ -49,7 +54,7 @@ def _responses() -> dict[str, bytes]:
     }
 
 
-async def serve(port: int) -> None:
+async def serve(port: int, transport: str) -> None:
     answers = _responses()
 
     def unary(answer: bytes) -> Any:
@@ -58,11 +63,17 @@ async def serve(port: int) -> None:
 
         return grpc.unary_unary_rpc_method_handler(handler)
 
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 1)])
     handlers = {method: unary(answer) for method, answer in answers.items()}
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
+    server: Any
+    if transport == "h2":
+        paths = {f"/{SERVICE}/{method}".encode(): h for method, h in handlers.items()}
+        server = H2Server(paths, Limits(GrpcOptions(), MAX_MESSAGE_SIZE))
+        await server.start("127.0.0.1", port, reuse_port=True, ssl_context=None)
+    else:
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 1)])
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -75,16 +86,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--transport", choices=("h2", "grpcio"), default="h2")
     args = parser.parse_args()
+    install_uvloop()  # as the server runs
     children = []
     for _ in range(args.processes - 1):
         pid = os.fork()
         if pid == 0:
-            asyncio.run(serve(args.port))
+            asyncio.run(serve(args.port, args.transport))
             os._exit(0)
         children.append(pid)
     try:
-        asyncio.run(serve(args.port))
+        asyncio.run(serve(args.port, args.transport))
     finally:
         for pid in children:
             os.kill(pid, signal.SIGTERM)

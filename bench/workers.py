@@ -11,16 +11,18 @@ Servers with each `--frontend-workers` value are all up at once and measured in 
 round, so the machine's noise hits them alike; medians over the rounds are printed and written to
 bench/results/workers-<timestamp>.json, with the batch-size histogram of `simple_dyna` per
 server (batching must not get worse with workers). Beside them, gRPC's floor: bench/grpc_echo.py
-(a grpc.aio server answering a precomputed response) in 1 and 2 processes.
+(a server answering a precomputed response) on the h2 transport and on grpc.aio, in 1 and 2
+processes.
 
     python bench/workers.py [--workers 0,2] [--repeat 3] [--window-ms 3000] [--concurrency 16]
                             [--points simple/http,simple/grpc] [--no-echo] [--baseline DIR]
-                            [--rings]
+                            [--rings] [--grpcio]
 
 `--baseline DIR` serves the same points with the Oceanus of another checkout beside these
 (rows `base:N`): a before/after of a change in one run. `--rings` serves each worker count twice,
 the link's messages over the socket (rows `N`) and in shared-memory rings (rows `rings:N`,
-OCEANUS_LINK_MSG_RINGS=1).
+OCEANUS_LINK_MSG_RINGS=1). `--grpcio` serves each worker count a second time with the gRPC
+frontend on grpc.aio (rows `grpcio:N`, OCEANUS_GRPC_TRANSPORT=grpcio) beside the h2 transport.
 """
 
 from __future__ import annotations
@@ -148,11 +150,11 @@ def measure(
 
 
 @contextlib.contextmanager
-def echo_server(processes: int, log_dir: Path) -> Any:
+def echo_server(processes: int, transport: str, log_dir: Path) -> Any:
     """bench/grpc_echo.py on a free port; yields its gRPC url."""
     port = benchlib.free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
-    with (log_dir / f"echo{processes}.log").open("wb") as log:
+    with (log_dir / f"echo-{transport}-{processes}.log").open("wb") as log:
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -161,6 +163,8 @@ def echo_server(processes: int, log_dir: Path) -> Any:
                 str(port),
                 "--processes",
                 str(processes),
+                "--transport",
+                transport,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -198,6 +202,11 @@ def main() -> int:
         action="store_true",
         help="each worker count also with the message rings on (rows 'rings:N'), off in the rest",
     )
+    parser.add_argument(
+        "--grpcio",
+        action="store_true",
+        help="each worker count also with the gRPC frontend on grpc.aio (rows 'grpcio:N')",
+    )
     args = parser.parse_args()
     points = [tuple(point.split("/", 1)) for point in args.points.split(",")]
     pa = perf.find_perf_analyzer()
@@ -218,6 +227,8 @@ def main() -> int:
                 (None, "", {"OCEANUS_LINK_MSG_RINGS": "0"}),
                 (None, "rings:", {"OCEANUS_LINK_MSG_RINGS": "1"}),
             ]
+        if args.grpcio:
+            variants.append((None, "grpcio:", {"OCEANUS_GRPC_TRANSPORT": "grpcio"}))
         if args.baseline is not None:
             variants.append((args.baseline, "base:", None))
         for checkout, prefix, env in variants:
@@ -234,10 +245,10 @@ def main() -> int:
                         env=env,
                     )
                 )
-        echo_counts = () if args.no_echo else (1, 2)
-        echoes = {n: stack.enter_context(echo_server(n, log_dir)) for n in echo_counts}
+        echo_kinds = () if args.no_echo else ((1, "h2"), (2, "h2"), (1, "grpcio"), (2, "grpcio"))
+        echoes = {kind: stack.enter_context(echo_server(*kind, log_dir)) for kind in echo_kinds}
         for round_index in range(args.repeat):
-            for processes, url in echoes.items():
+            for (processes, transport), url in echoes.items():
                 row = perf.run_level(
                     pa[0],
                     pa[1],
@@ -247,7 +258,7 @@ def main() -> int:
                     protocol="grpc",
                     window_ms=args.window_ms,
                 )
-                key = f"grpc-echo/processes={processes}"
+                key = f"grpc-echo/{transport}/processes={processes}"
                 rows.setdefault(key, []).append({"infer_per_s": row.get("throughput")})
                 print(f"round {round_index + 1} {key}: {row.get('throughput')} infer/s")
             for model, protocol in points:

@@ -1,9 +1,12 @@
-"""The gRPC frontend's server: a grpc.aio server on the running event loop, Triton's options."""
+"""The gRPC frontend's server on the running event loop, with Triton's options: the h2
+transport (h2server.py) by default, grpc.aio when OCEANUS_GRPC_TRANSPORT=grpcio."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -11,6 +14,7 @@ from typing import Protocol
 import grpc
 
 from oceanus.frontends.grpc import health, keepalive
+from oceanus.frontends.grpc.h2server import H2Server, Limits, ssl_context
 from oceanus.frontends.grpc.methods import SERVICE_NAME
 
 log = logging.getLogger("oceanus.grpc")
@@ -76,6 +80,17 @@ class GrpcOptions:
             [(key, cert)], root_certificates=root, require_client_auth=self.use_ssl_mutual
         )
 
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if not (self.use_ssl or self.use_ssl_mutual):
+            return None
+        return ssl_context(
+            self.server_cert, self.server_key, self.root_cert, mutual=self.use_ssl_mutual
+        )
+
+    @property
+    def host(self) -> str:
+        return self.address.removeprefix("[").removesuffix("]")
+
     @property
     def endpoint(self) -> str:
         host = self.address
@@ -95,15 +110,40 @@ class Servicer(Protocol):
     def health_handlers(self) -> dict[str, grpc.RpcMethodHandler]: ...
 
 
+def transport() -> str:
+    """ "h2" (the default) or "grpcio": the escape hatch should the h2 transport misbehave."""
+    return os.environ.get("OCEANUS_GRPC_TRANSPORT", "h2")
+
+
 class GrpcFrontend:
-    """Owns the grpc.aio server; `start()` and `stop()` run on the server's event loop."""
+    """Owns the gRPC server; `start()` and `stop()` run on the server's event loop."""
 
     def __init__(self, service: Servicer, options: GrpcOptions) -> None:
         self.options = options
         self.service = service
-        self._server: grpc.aio.Server | None = None
+        self._server: grpc.aio.Server | H2Server | None = None
 
     async def start(self) -> None:
+        if transport() == "grpcio":
+            await self._start_grpcio()
+            return
+        options = self.options
+        handlers = {
+            f"/{SERVICE_NAME}/{method}".encode(): handler
+            for method, handler in self.service.method_handlers().items()
+        }
+        for method, handler in self.service.health_handlers().items():
+            handlers[f"/{health.SERVICE_NAME}/{method}".encode()] = handler
+        server = H2Server(handlers, Limits(options, MAX_MESSAGE_SIZE))
+        try:
+            await server.start(
+                options.host, options.port, options.reuse_port, options.ssl_context()
+            )
+        except (OSError, ssl.SSLError) as exc:
+            raise OSError(f"failed to start GRPC service on {options.endpoint}: {exc}") from None
+        self._server = server
+
+    async def _start_grpcio(self) -> None:
         options = self.options
         server = grpc.aio.server(options=options.channel_options())
         handlers = self.service.method_handlers()
