@@ -3,6 +3,7 @@ keepalive and ping policy, connection age, broken peers; its wire helpers in pro
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from collections.abc import Iterator
@@ -80,7 +81,10 @@ class RawPeer:
                 seen.append(None)
                 return seen
             events = self.h2.receive_data(data)
-            self.flush()  # h2 has answered the server's pings and settings
+            # h2 has answered the server's pings and settings; a server that closed after
+            # what it sent is still read
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self.flush()
             for event in events:
                 seen.append(event)
                 if isinstance(event, wanted):
