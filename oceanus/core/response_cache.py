@@ -143,7 +143,10 @@ class ResponseCache:
     def infer(self, model: ModelVersion, request: InferRequest) -> asyncio.Future[InferResponse]:
         """Answer `request` to `model` from the cache, or run it and store its response."""
         start = time.monotonic_ns()
-        key = request_key(model.name, model.version_str, request)
+        if request.cache_key and request.checked == model.serial:
+            key = request.cache_key  # hashed by the frontend worker that validated it
+        else:
+            key = request_key(model.name, model.version_str, request)
         entry = self.lookup(key)
         if entry is not None:
             response = _response(model, request, entry)

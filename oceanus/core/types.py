@@ -56,6 +56,9 @@ class InferRequest:
     # (validate_request there, on a mirrored copy); 0: not validated yet (docs/architecture.md,
     # "The core's budget per request").
     checked: int = 0
+    # The response cache's key for it, computed by the frontend worker that validated it
+    # (response_cache.request_key); trusted only together with `checked`. b"": the core's.
+    cache_key: bytes = b""
 
 
 @dataclass(slots=True)

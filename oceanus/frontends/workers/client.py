@@ -130,7 +130,8 @@ class CoreClient:
         self._calls[call_id] = (future, request)
         self._watch(call_id, future)
         fields, block = m.place_request(fields, self.writer)
-        self._send(m.Infer(call_id, caller, fields, block, self.mirror.check(request)))
+        serial, cache_key = self.mirror.check(request)
+        self._send(m.Infer(call_id, caller, fields, block, serial, cache_key))
         return future
 
     def http(self, request: HttpRequest) -> asyncio.Future[HttpResponse]:

@@ -144,6 +144,7 @@ class CoreLink:
         try:
             request = m.decode_request(message.request, block)
             request.checked = message.checked
+            request.cache_key = message.cache_key
         except Exception as exc:
             self._send(m.InferError(call_id, *m.error_fields(exc)))
             return

@@ -44,6 +44,7 @@ class Infer(NamedTuple):
     request: tuple[Any, ...]
     block: Location | None
     checked: int = 0  # the serial of the version it passed validation for (mirror.py); 0: none
+    cache_key: bytes = b""  # its response cache key, when that version caches (mirror.py)
     kind: int = 2
 
 

@@ -8,6 +8,11 @@ core skips its checks only when the version it resolves has that very serial, so
 out of date (a reload the worker has not heard of yet) costs one check in the core, never a wrong
 answer. A request the worker finds invalid goes to the core unmarked, and the core refuses it
 with the status and words it always used: errors are never worded in the worker.
+
+For a version that uses the response cache the worker also hashes the request
+(response_cache.request_key, the very function the core would run) and sends the key beside the
+serial: hashing the inputs is the cache's one cost that grows with the request, and it is paid in
+the worker. The core uses the key only with a matching serial, as it does the validation.
 """
 
 from __future__ import annotations
@@ -16,12 +21,13 @@ from typing import Any, NamedTuple
 
 from oceanus.core import datatypes
 from oceanus.core.model import ModelVersion
+from oceanus.core.response_cache import cacheable, request_key
 from oceanus.core.server import ServerCore
 from oceanus.core.types import InferRequest
 from oceanus.core.validation import TensorSpec, validate_request
 
-# The wire form of one version: (serial, name, max_batch_size, inputs, outputs), each tensor
-# (name, datatype, dims, optional): plain values, as marshal carries them.
+# The wire form of one version: (serial, name, max_batch_size, inputs, outputs, version_str,
+# cached), each tensor (name, datatype, dims, optional): plain values, as marshal carries them.
 Spec = tuple[Any, ...]
 
 
@@ -48,7 +54,7 @@ def _model_specs(core: ServerCore) -> dict[str, dict[str, Spec]]:
         versions: dict[str, Spec] = {}
         for version in entry.versions.values():
             if version.ready and not version.decoupled:
-                versions[version.version_str] = _spec(version)
+                versions[version.version_str] = _spec(version, core.cache_enabled(version))
         highest = entry.highest_ready()
         if highest is not None and highest.version_str in versions:
             versions[""] = versions[highest.version_str]
@@ -57,7 +63,7 @@ def _model_specs(core: ServerCore) -> dict[str, dict[str, Spec]]:
     return specs
 
 
-def _spec(version: ModelVersion) -> Spec:
+def _spec(version: ModelVersion, cached: bool) -> Spec:
     def tensors(specs: dict[str, TensorSpec]) -> tuple[Any, ...]:
         return tuple((s.name, s.datatype.name, s.dims, s.optional) for s in specs.values())
 
@@ -67,6 +73,8 @@ def _spec(version: ModelVersion) -> Spec:
         version.config.max_batch_size,
         tensors(version.inputs),
         tensors(version.outputs),
+        version.version_str,
+        cached,
     )
 
 
@@ -76,10 +84,12 @@ class _Version(NamedTuple):
     max_batch_size: int
     inputs: dict[str, TensorSpec]
     outputs: dict[str, TensorSpec]
+    version_str: str
+    cached: bool
 
 
 def _version(spec: Spec) -> _Version:
-    serial, name, max_batch_size, inputs, outputs = spec
+    serial, name, max_batch_size, inputs, outputs, version_str, cached = spec
 
     def tensors(wire: tuple[Any, ...]) -> dict[str, TensorSpec]:
         return {
@@ -87,7 +97,9 @@ def _version(spec: Spec) -> _Version:
             for n, datatype, dims, optional in wire
         }
 
-    return _Version(serial, name, max_batch_size, tensors(inputs), tensors(outputs))
+    return _Version(
+        serial, name, max_batch_size, tensors(inputs), tensors(outputs), version_str, cached
+    )
 
 
 class Mirror:
@@ -106,19 +118,22 @@ class Mirror:
             for name, versions in wire.items()
         }
 
-    def check(self, request: InferRequest) -> int:
-        """The serial of the version `request` passed validate_request for; 0: the core checks
-        it (no such version here, or the request is refused: the core words the error)."""
+    def check(self, request: InferRequest) -> tuple[int, bytes]:
+        """The serial of the version `request` passed validate_request for (0: the core checks
+        it: no such version here, or the request is refused and the core words the error), and
+        its response cache key when that version caches (b"": none)."""
         versions = self._versions.get(request.model_name)
         if versions is None:
-            return 0
+            return 0, b""
         version = versions.get(request.model_version)
         if version is None:
-            return 0
+            return 0, b""
         try:
             validate_request(
                 request, version.name, version.max_batch_size, version.inputs, version.outputs
             )
         except Exception:  # refused (or unreadable): the core's own check answers it
-            return 0
-        return version.serial
+            return 0, b""
+        if version.cached and cacheable(request):
+            return version.serial, request_key(version.name, version.version_str, request)
+        return version.serial, b""
