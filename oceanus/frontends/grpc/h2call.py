@@ -195,6 +195,7 @@ class Call:
         "connection",
         "deadline_hit",
         "handler",
+        "headers",
         "headers_sent",
         "messages",
         "metadata",
@@ -214,13 +215,15 @@ class Call:
         connection: Connection,
         stream_id: int,
         handler: grpc.RpcMethodHandler,
-        metadata: tuple[tuple[str, str | bytes], ...],
+        headers: list[tuple[bytes, bytes]],
         reader: MessageReader,
     ) -> None:
         self.connection = connection
         self.stream_id = stream_id
         self.handler = handler
-        self.metadata = metadata
+        self.headers = headers
+        # made from the headers when a handler first asks (most never do)
+        self.metadata: tuple[tuple[str, str | bytes], ...] | None = None
         self.reader = reader
         self.requests: RequestStream | None = None
         self.messages: list[bytes] = []  # a unary call's request
@@ -238,6 +241,8 @@ class Call:
     # ---- what handlers use of grpc.aio's ServicerContext --------------------------------
 
     def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        if self.metadata is None:
+            self.metadata = metadata_of(self.headers)
         return self.metadata
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:

@@ -26,7 +26,6 @@ from oceanus.frontends.grpc.h2call import (
     MessageReader,
     RequestStream,
     RpcAbort,
-    metadata_of,
     parse_timeout,
     status_trailers,
 )
@@ -181,7 +180,7 @@ class Connection(asyncio.Protocol):
             self._trailers_only(stream_id, grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
             return
         reader = MessageReader(encoding, self._limits.max_message)
-        call = Call(self, stream_id, handler, metadata_of(event.headers), reader)
+        call = Call(self, stream_id, handler, event.headers, reader)
         self._calls[stream_id] = call
         self._pings_without_data = 0
         if handler.stream_stream is not None:
