@@ -4,6 +4,7 @@ keepalive and ping policy, connection age, broken peers; its wire helpers in pro
 from __future__ import annotations
 
 import contextlib
+import queue
 import socket
 import time
 from collections.abc import Iterator
@@ -47,6 +48,34 @@ def test_compressed_requests_are_served(
 ) -> None:
     result = grpc_client.infer("simple", _simple_inputs(4), compression_algorithm=algorithm)
     assert result.as_numpy("OUTPUT0").tolist() == [[8] * 16]
+
+
+def test_messages_past_the_flow_control_windows_cross_whole(server: Any) -> None:
+    """24 MiB each way, unary and three on one stream: past the 16 MiB windows the server
+    grants and far past the 64 KiB a client starts with, so both directions wait for
+    WINDOW_UPDATEs (and the stream's writer for the client to read)."""
+    rng = np.random.default_rng(5)
+    tensors = [rng.standard_normal((1, 6 << 20)).astype(np.float32) for _ in range(3)]
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    received: queue.Queue[Any] = queue.Queue()
+    try:
+        tensor = grpcclient.InferInput("INPUT0", [1, 6 << 20], "FP32")
+        tensor.set_data_from_numpy(tensors[0])
+        assert np.array_equal(
+            client.infer("identity_fp32", [tensor]).as_numpy("OUTPUT0"), tensors[0]
+        )
+        client.start_stream(callback=lambda result, error: received.put(error or result))
+        for index, data in enumerate(tensors):
+            tensor = grpcclient.InferInput("INPUT0", [1, 6 << 20], "FP32")
+            tensor.set_data_from_numpy(data)
+            client.async_stream_infer("identity_fp32", [tensor], request_id=str(index))
+        client.stop_stream()
+    finally:
+        client.close()
+    results = [received.get(timeout=30) for _ in tensors]
+    by_id = {r.get_response().id: r.as_numpy("OUTPUT0") for r in results}
+    for index, data in enumerate(tensors):
+        assert np.array_equal(by_id[str(index)], data)
 
 
 # ---- raw HTTP/2 peers ---------------------------------------------------------------------
