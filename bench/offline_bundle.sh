@@ -8,7 +8,7 @@
 #
 # `make` downloads the wheels the server and the benches need that such an image may lack or
 # hold in versions too old for tritonclient's generated protos (orjson, httptools, uvicorn,
-# tritonclient, protobuf, grpcio, py-spy) for that Python on x86-64 Linux, and perf_analyzer:
+# tritonclient, protobuf, grpcio, h2, py-spy) for that Python on x86-64 Linux, and perf_analyzer:
 # tritonclient 2.51's wheel (it carries the binary), libb64 and libcudart.so.12 from this
 # machine's perf_analyzer install (scripts/install_perf_analyzer.sh). About 30 MB.
 # `install` puts the wheels into that machine's Python (a throwaway machine: they replace what
@@ -30,7 +30,8 @@ case "$action" in
       -d "$dir/whl" orjson httptools uvicorn "tritonclient==$(python3 -c \
       'import importlib.metadata as m; print(m.version("tritonclient"))')" \
       "protobuf==$(python3 -c 'import google.protobuf as p; print(p.__version__)')" \
-      "grpcio==$(python3 -c 'import grpc; print(grpc.__version__)')" py-spy || exit 1
+      "grpcio==$(python3 -c 'import grpc; print(grpc.__version__)')" py-spy h2 hpack hyperframe \
+      || exit 1
     python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux1_x86_64 \
       --python-version "$version" -d "$dir" tritonclient==2.51.0 || exit 1
     mv "$dir"/tritonclient-2.51.0-*.whl "$dir/perf_analyzer-tritonclient-2.51.0.whl"
