@@ -11,6 +11,7 @@ bench/results/python-backend-<timestamp>.json with the exact commands.
     python bench/python_backend.py [--repeat 3] [--concurrency 16] [--window-ms 2000]
                                    [--baseline OTHER_CHECKOUT] [--models NAME,...]
                                    [--oceanus-args "--frontend-workers=8 ..."]
+                                   [--protocol http|grpc]
 
 Issue 28 adds `identity_dyna_inproc` / `identity_one_inproc` (the same models with Oceanus's
 `oceanus_in_process` parameter; Triton ignores parameters it does not know and serves them with
@@ -23,6 +24,8 @@ Oceanus runs on the event loop with no stub and no instance thread, so its rate 
 Oceanus' HTTP frontend and core serve when the model costs nothing. The reference Triton here
 has only the Python backend, so Oceanus alone serves it and the table compares it with Triton's
 `identity_one`: how far any Python-model path could go on this machine.
+
+`--protocol grpc` drives both servers over gRPC instead (perf_analyzer `-i grpc`).
 
 The reference Triton comes from ../shared/triton-reference/start.sh (the nvidia-pytriton wheel;
 its first use creates a venv, a few minutes). Without it only Oceanus is measured.
@@ -128,8 +131,9 @@ def onnx_identity(path: Path) -> None:
 
 def start(
     server: str, repository: Path, baseline: Path | None = None, extra: Sequence[str] = ()
-) -> tuple[subprocess.Popen[bytes] | None, int, int]:
-    """(process or None for the reference, whose pid is killed by stop), http port, pid."""
+) -> tuple[subprocess.Popen[bytes] | None, int, int, int]:
+    """(process or None for the reference, whose pid is killed by stop), http port, grpc port,
+    pid."""
     http, grpc_port, metrics = (benchlib.free_port() for _ in range(3))
     if server in ("oceanus", BASELINE):
         checkout = baseline if server == BASELINE and baseline is not None else benchlib.ROOT
@@ -155,7 +159,7 @@ def start(
             cwd=checkout,
         )
         benchlib.wait_http_ok(f"http://127.0.0.1:{http}/v2/health/ready", process, 120)
-        return process, http, process.pid
+        return process, http, grpc_port, process.pid
     out = subprocess.run(
         ["bash", str(START_REFERENCE), str(repository), str(http), str(grpc_port), str(metrics)],
         capture_output=True,
@@ -168,7 +172,7 @@ def start(
     )
     pid = int(out.stdout.strip().splitlines()[-1])
     benchlib.wait_http_ok(f"http://127.0.0.1:{http}/v2/health/ready", None, 120)
-    return None, http, pid
+    return None, http, grpc_port, pid
 
 
 def process_cpu(pid: int) -> tuple[float, float]:
@@ -223,6 +227,7 @@ def main() -> int:
     parser.add_argument(
         "--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}"
     )
+    parser.add_argument("--protocol", choices=("http", "grpc"), default="http")
     args = parser.parse_args()
     models = [m for m in args.models.split(",") if m]
     unknown = sorted(set(models) - set(MODELS))
@@ -249,7 +254,10 @@ def main() -> int:
             order = servers if round_index % 2 == 0 else tuple(reversed(servers))
             for server in order:
                 served = reference_repository if server == "triton" else repository
-                process, port, pid = start(server, served, args.baseline, args.oceanus_args.split())
+                process, port, grpc_port, pid = start(
+                    server, served, args.baseline, args.oceanus_args.split()
+                )
+                load_port = grpc_port if args.protocol == "grpc" else port
                 try:
                     for model in models:
                         if model == CEILING and server == "triton":
@@ -262,8 +270,9 @@ def main() -> int:
                             binary,
                             env,
                             model,
-                            f"127.0.0.1:{port}",
+                            f"127.0.0.1:{load_port}",
                             args.concurrency,
+                            protocol=args.protocol,
                             window_ms=args.window_ms,
                         )
                         count = benchlib.model_stats(url, model)["inference_count"]
@@ -317,7 +326,10 @@ def main() -> int:
         headers += [f"{label} infer/s", "p50 ms", "CPU-µs/req", f"vs {label}"]
     print()
     print(benchlib.table(headers, rows))
-    print(f"concurrency {args.concurrency}, medians of {args.repeat}; load before {load_before}")
+    print(
+        f"{args.protocol}, concurrency {args.concurrency}, medians of {args.repeat}; "
+        f"load before {load_before}"
+    )
     print("CPU-µs/req: the server process + its stub processes, per request, over the run")
     print(f"one-off shared-memory files Oceanus created, all rounds: {one_off['oceanus']}")
     if CEILING in models and "triton" in servers:
