@@ -368,9 +368,9 @@ class Connection(asyncio.Protocol):
             if not call.headers_sent and (outgoing or call.trailers):
                 h2c.send_headers(stream_id, RESPONSE_HEADERS)
                 call.headers_sent = True
-                self._pings_without_data = 0
-                self._ping_strikes = 0
-                self._last_ping_received = None
+                self._data_sent()
+            if outgoing:
+                self._data_sent()
             while outgoing:
                 window = h2c.local_flow_control_window(stream_id)
                 if window <= 0:
@@ -405,6 +405,13 @@ class Connection(asyncio.Protocol):
             writable.set_result(None)
         self._schedule_flush()
         self._check_drained()
+
+    def _data_sent(self) -> None:
+        """Headers or data go out: the ping policy starts over (grpc core's rule: a client's
+        pings count against it only while the server sends nothing)."""
+        self._pings_without_data = 0
+        self._ping_strikes = 0
+        self._last_ping_received = None
 
     def _check_drained(self) -> None:
         if self._going_away and not self._calls:

@@ -206,6 +206,44 @@ def test_pings_too_often_get_goaway_enhance_your_calm(peer: RawPeer) -> None:
     assert goaway.additional_data == b"too_many_pings"
 
 
+def test_pings_between_a_streams_responses_are_not_strikes(strict_server: Any) -> None:
+    """Clients ping after data arrives (gRPC's BDP probes): data the server sends in between
+    resets the ping policy, so a long stream is never told to calm down."""
+    peer = RawPeer(strict_server.grpc_port)
+    try:
+        stream = peer.h2.get_next_available_stream_id()
+        peer.h2.send_headers(
+            stream,
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", "/inference.GRPCInferenceService/ModelStreamInfer"),
+                (":authority", "localhost"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+            ],
+        )
+        request = pb.ModelInferRequest(model_name="simple")
+        for name in ("INPUT0", "INPUT1"):
+            request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+            request.raw_input_contents.append(np.ones(16, np.int32).tobytes())
+        for n in range(4):
+            peer.h2.send_data(stream, _framed(request.SerializeToString()))
+            peer.flush()
+            events = peer.events_until(h2.events.DataReceived, 5)
+            assert isinstance(events[-1], h2.events.DataReceived), events
+            peer.h2.ping(n.to_bytes(8, "big"))
+            peer.flush()
+        peer.h2.end_stream(stream)
+        peer.flush()
+        events = peer.events_until(h2.events.StreamEnded, 5)
+        calm = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        assert not any(getattr(e, "error_code", None) == calm for e in events), events
+        assert _trailers(events)[b"grpc-status"] == b"0"
+    finally:
+        peer.close()
+
+
 def test_a_peer_that_never_answers_pings_is_dropped(peer: RawPeer) -> None:
     """keepalive: a PING unanswered for --grpc-keepalive-timeout closes the connection."""
     peer.sock.settimeout(5)
