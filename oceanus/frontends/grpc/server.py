@@ -125,6 +125,7 @@ class GrpcFrontend:
 
     async def start(self) -> None:
         if transport() == "grpcio":
+            log.info("gRPC on grpc.aio (OCEANUS_GRPC_TRANSPORT=grpcio)")
             await self._start_grpcio()
             return
         options = self.options

@@ -78,6 +78,29 @@ def test_messages_past_the_flow_control_windows_cross_whole(server: Any) -> None
         assert np.array_equal(by_id[str(index)], data)
 
 
+def test_the_grpcio_escape_hatch_still_serves(launch: Any) -> None:
+    """OCEANUS_GRPC_TRANSPORT=grpcio serves the same servicers on grpc.aio: unary and a
+    stream answer as on the h2 transport."""
+    server = launch(
+        [example_repository(["simple"])],
+        ["--allow-metrics=false"],
+        env={"OCEANUS_GRPC_TRANSPORT": "grpcio"},
+    )
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    received: queue.Queue[Any] = queue.Queue()
+    try:
+        assert client.infer("simple", _simple_inputs(2)).as_numpy("OUTPUT0")[0][0] == 4
+        client.start_stream(callback=lambda result, error: received.put(error or result))
+        client.async_stream_infer("simple", _simple_inputs(5), request_id="s")
+        client.stop_stream()
+    finally:
+        client.close()
+    result = received.get(timeout=10)
+    assert result.get_response().id == "s"
+    assert result.as_numpy("OUTPUT1")[0][0] == 0
+    assert "gRPC on grpc.aio (OCEANUS_GRPC_TRANSPORT=grpcio)" in server.log()
+
+
 # ---- raw HTTP/2 peers ---------------------------------------------------------------------
 
 
