@@ -207,9 +207,11 @@ class Http2:
         block = self._encoder.encode(headers)
         if _table_state(table) != before:
             self._encoded.clear()
-        elif len(self._encoded) < 16:
-            # Keeping the list keeps its id from being reused; only our constant lists come
-            # back, status trailers are new lists each time and simply miss.
+        else:
+            # Keeping the list keeps its id from being reused. Only our constant lists come
+            # back (status trailers are new lists each time): a few slots, emptied when full.
+            if len(self._encoded) >= 8:
+                self._encoded.clear()
             self._encoded[id(headers)] = (headers, block)
         return block
 
