@@ -202,10 +202,12 @@ class Http2:
         cached = self._encoded.get(id(headers))
         if cached is not None and cached[0] is headers:
             return cached[1]
-        table = self._encoder.header_table
+        encoder = self._encoder
+        table = encoder.header_table
         before = _table_state(table)
-        block = self._encoder.encode(headers)
-        if _table_state(table) != before:
+        resized = bool(encoder.table_size_changes)  # this block carries a size update
+        block = encoder.encode(headers)
+        if resized or _table_state(table) != before:
             self._encoded.clear()
         else:
             # Keeping the list keeps its id from being reused. Only our constant lists come
