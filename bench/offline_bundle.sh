@@ -8,7 +8,9 @@
 #
 # `make` downloads the wheels the server and the benches need that such an image may lack or
 # hold in versions too old for tritonclient's generated protos (orjson, httptools, uvicorn,
-# tritonclient, protobuf, grpcio, h2, py-spy) for that Python on x86-64 Linux, and perf_analyzer:
+# tritonclient, protobuf, grpcio, hpack, py-spy; h2 and hyperframe only for a --baseline
+# checkout from before the gRPC transport framed HTTP/2 itself) for that Python on x86-64 Linux,
+# and perf_analyzer:
 # tritonclient 2.51's wheel (it carries the binary), libb64 and libcudart.so.12 from this
 # machine's perf_analyzer install (scripts/install_perf_analyzer.sh). About 30 MB.
 # `install` puts the wheels into that machine's Python (a throwaway machine: they replace what

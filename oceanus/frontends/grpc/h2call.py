@@ -1,4 +1,4 @@
-"""One gRPC call on the h2 transport: the servicer context handlers see (what they use of
+"""One gRPC call on the HTTP/2 transport: the servicer context handlers see (what they use of
 grpc.aio's ServicerContext), the stream of request messages, and the wire details of gRPC over
 HTTP/2 (message prefix, grpc-timeout, grpc-status / grpc-message, metadata)."""
 

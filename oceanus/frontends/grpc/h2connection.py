@@ -1,5 +1,5 @@
-"""One client connection of the h2 transport: its HTTP/2 state, its calls, their flow
-control, keepalive and grpc core's ping policy, connection age and going away."""
+"""One client connection of the gRPC transport: its HTTP/2 state (http2.py), its calls, their
+flow control, keepalive and grpc core's ping policy, connection age and going away."""
 
 from __future__ import annotations
 
@@ -7,17 +7,11 @@ import asyncio
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import grpc
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
-from hyperframe.frame import GoAwayFrame
 
+from oceanus.frontends.grpc import http2
 from oceanus.frontends.grpc.h2call import (
     OK_TRAILERS,
     RESPONSE_HEADERS,
@@ -35,32 +29,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("oceanus.grpc")
 
-_CONFIG = h2.config.H2Configuration(
-    client_side=False,
-    header_encoding=None,
-    validate_inbound_headers=False,
-    normalize_inbound_headers=False,
-    validate_outbound_headers=False,
-    normalize_outbound_headers=False,
-)
-# Receive windows: large enough that a tensor of a few MiB crosses without waiting for a
-# WINDOW_UPDATE round trip; the call's message limit bounds what a call may buffer.
-_WINDOW = 16 << 20
-_MAX_FRAME = 1 << 20
 _NO_CALLS_PING_INTERVAL_S = 7200.0  # grpc core: pings without calls, when not permitted
 # Bytes queued on a streaming call before its writer waits for the peer to read.
 _WRITE_HIGH_WATER = 1 << 20
 
 
 class Connection(asyncio.Protocol):
-    """One client connection: its h2 state, its calls, its timers."""
+    """One client connection: its HTTP/2 state, its calls, its timers."""
 
     def __init__(self, server: H2Server) -> None:
         self._server = server
         self._limits = server.limits
         self._handlers = server.handlers
         self._loop = asyncio.get_running_loop()
-        self._h2 = h2.connection.H2Connection(config=_CONFIG)
+        self._h2 = http2.Http2(self)
         self._calls: dict[int, Call] = {}
         self._transport: asyncio.Transport | None = None
         self._flush_scheduled = False
@@ -84,18 +66,7 @@ class Connection(asyncio.Protocol):
             host, port = address[0], address[1]
             self.peer = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
         self._server.connections.add(self)
-        h2c = self._h2
-        h2c.initiate_connection()
-        # In force once the client acknowledges them (h2 applies them then).
-        h2c.update_settings(
-            {
-                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 2**31 - 1,
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: _WINDOW,
-                h2.settings.SettingCodes.MAX_FRAME_SIZE: _MAX_FRAME,
-                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: 64 << 10,
-            }
-        )
-        h2c.increment_flow_control_window(_WINDOW)
+        self._h2.initiate()
         self._schedule_ping()
         limits = self._limits
         if limits.max_age_s is not None:
@@ -117,37 +88,13 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            events = self._h2.receive_data(data)
-        except h2.exceptions.ProtocolError as exc:
-            log.debug("gRPC connection from %s: HTTP/2 protocol error: %s", self.peer, exc)
-            self._h2.close_connection(error_code=h2.errors.ErrorCodes.PROTOCOL_ERROR)
+            self._h2.receive(data)
+        except http2.ConnectionError_ as exc:
+            log.debug("gRPC connection from %s: HTTP/2 error %d: %s", self.peer, exc.code, exc)
+            self._h2.goaway(exc.code)
             self._flush()
             self._close()
             return
-        event: Any
-        for event in events:
-            kind = type(event)
-            if kind is h2.events.DataReceived:
-                self._on_data(event)
-            elif kind is h2.events.RequestReceived:
-                self._on_request(event)
-            elif kind is h2.events.StreamEnded:
-                self._on_end(event.stream_id)
-            elif kind is h2.events.WindowUpdated:
-                self._on_window(event.stream_id)
-            elif kind is h2.events.StreamReset:
-                call = self._calls.pop(event.stream_id, None)
-                if call is not None:
-                    self._abandon(call)
-                    self._check_drained()
-            elif kind is h2.events.PingReceived:
-                self._on_ping()
-            elif kind is h2.events.PingAckReceived:
-                self._pings_unanswered = 0
-            elif kind is h2.events.RemoteSettingsChanged:
-                self._on_window(0)
-            elif kind is h2.events.ConnectionTerminated:
-                self._going_away = True
         self._flush()
 
     def pause_writing(self) -> None:
@@ -160,12 +107,13 @@ class Connection(asyncio.Protocol):
 
     # ---- requests -----------------------------------------------------------------------
 
-    def _on_request(self, event: Any) -> None:
-        stream_id = event.stream_id
+    # ---- http2.Events ---------------------------------------------------------------------
+
+    def on_request(self, stream_id: int, headers: list[tuple[bytes, bytes]]) -> None:
         path = b""
         encoding = b"identity"
         timeout = None
-        for key, value in event.headers:
+        for key, value in headers:
             if key == b":path":
                 path = value
             elif key == b"grpc-timeout":
@@ -174,13 +122,13 @@ class Connection(asyncio.Protocol):
                 encoding = value
         handler = self._handlers.get(path)
         if self._going_away:
-            self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            self._h2.reset(stream_id, http2.REFUSED_STREAM)
             return
         if handler is None:
             self._trailers_only(stream_id, grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
             return
         reader = MessageReader(encoding, self._limits.max_message)
-        call = Call(self, stream_id, handler, event.headers, reader)
+        call = Call(self, stream_id, handler, headers, reader)
         self._calls[stream_id] = call
         self._pings_without_data = 0
         if handler.stream_stream is not None:
@@ -193,16 +141,12 @@ class Connection(asyncio.Protocol):
         if timeout is not None:
             call.timer = self._loop.call_later(timeout, self._deadline, call)
 
-    def _on_data(self, event: Any) -> None:
-        stream_id = event.stream_id
-        size = event.flow_controlled_length
-        if size:
-            self._h2.acknowledge_received_data(size, stream_id)
+    def on_data(self, stream_id: int, data: bytes) -> None:
         call = self._calls.get(stream_id)
         if call is None or call.trailers is not None:
             return  # a call answered already (or unknown): what it still sends is dropped
         try:
-            messages = call.reader.feed(event.data)
+            messages = call.reader.feed(data)
         except MessageError as exc:
             self._end_call(call, exc.code, exc.details)
             return
@@ -214,7 +158,7 @@ class Connection(asyncio.Protocol):
         else:
             call.messages.extend(messages)
 
-    def _on_end(self, stream_id: int) -> None:
+    def on_end(self, stream_id: int) -> None:
         call = self._calls.get(stream_id)
         if call is None or call.trailers is not None:
             return
@@ -228,6 +172,18 @@ class Connection(asyncio.Protocol):
             )
             return
         call.task = self._loop.create_task(self._run_unary(call, call.messages.pop()))
+
+    def on_reset(self, stream_id: int) -> None:
+        call = self._calls.pop(stream_id, None)
+        if call is not None:
+            self._abandon(call)
+            self._check_drained()
+
+    def on_ping_ack(self) -> None:
+        self._pings_unanswered = 0
+
+    def on_goaway(self) -> None:
+        self._going_away = True
 
     # ---- running handlers ---------------------------------------------------------------
 
@@ -333,23 +289,11 @@ class Connection(asyncio.Protocol):
         self._pump(call)
 
     def _trailers_only(self, stream_id: int, code: grpc.StatusCode, details: str) -> None:
-        try:
-            self._h2.send_headers(
-                stream_id, RESPONSE_HEADERS + status_trailers(code, details), end_stream=True
-            )
-            self._stop_reading(stream_id)
-        except h2.exceptions.StreamClosedError:
-            return
+        # a client still sending is told to stop (RST_STREAM NO_ERROR, in end_stream)
+        self._h2.end_stream(stream_id, RESPONSE_HEADERS + status_trailers(code, details))
         self._schedule_flush()
 
-    def _stop_reading(self, stream_id: int) -> None:
-        """A call answered before its client finished sending: RST_STREAM NO_ERROR tells the
-        client to stop (RFC 9113 8.1), as grpc servers do."""
-        stream = self._h2.streams.get(stream_id)
-        if stream is not None and not stream.closed:
-            self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
-
-    def _on_window(self, stream_id: int) -> None:
+    def on_window(self, stream_id: int) -> None:
         if stream_id:
             call = self._calls.get(stream_id)
             if call is not None:
@@ -364,19 +308,21 @@ class Connection(asyncio.Protocol):
         h2c = self._h2
         stream_id = call.stream_id
         outgoing = call.outgoing
-        try:
+        if stream_id not in h2c.streams:  # reset by a stream error, or ended
+            if self._calls.pop(stream_id, None) is not None:
+                self._abandon(call)
+        else:
             if not call.headers_sent and (outgoing or call.trailers):
                 h2c.send_headers(stream_id, RESPONSE_HEADERS)
                 call.headers_sent = True
                 self._data_sent()
-            if outgoing:
-                self._data_sent()
             while outgoing:
-                window = h2c.local_flow_control_window(stream_id)
+                window = h2c.window(stream_id)
                 if window <= 0:
                     break
+                self._data_sent()
                 first = outgoing[0]
-                size = min(window, h2c.max_outbound_frame_size, len(first) - call.offset)
+                size = min(window, h2c.max_send_frame, len(first) - call.offset)
                 if call.offset == 0 and size == len(first):
                     h2c.send_data(stream_id, first)
                     outgoing.popleft()
@@ -387,14 +333,10 @@ class Connection(asyncio.Protocol):
                         outgoing.popleft()
                         call.offset = 0
             if not outgoing and call.trailers:
-                h2c.send_headers(stream_id, call.trailers, end_stream=True)
-                self._stop_reading(stream_id)
+                h2c.end_stream(stream_id, call.trailers)
                 call.trailers = []
                 if self._calls.pop(stream_id, None) is not None:
                     call.finished()
-        except h2.exceptions.StreamClosedError:
-            self._calls.pop(stream_id, None)
-            self._abandon(call)
         writable = call.writable
         if (
             writable is not None
@@ -459,7 +401,7 @@ class Connection(asyncio.Protocol):
             log.debug("gRPC connection from %s: keepalive ping timed out", self.peer)
             self._close()
 
-    def _on_ping(self) -> None:
+    def on_ping(self) -> None:
         """grpc core's ping policy: pings closer together than allowed while no data flows
         are strikes; past the limit the connection gets GOAWAY ENHANCE_YOUR_CALM."""
         limits = self._limits
@@ -473,9 +415,7 @@ class Connection(asyncio.Protocol):
             return
         self._ping_strikes += 1
         if self._ping_strikes > limits.max_ping_strikes > 0:
-            self._h2.close_connection(
-                error_code=h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, additional_data=b"too_many_pings"
-            )
+            self._h2.goaway(http2.ENHANCE_YOUR_CALM, b"too_many_pings")
             self._flush()
             self._close()
 
@@ -490,9 +430,8 @@ class Connection(asyncio.Protocol):
         if self._transport is None or self._going_away:
             return
         self._going_away = True
+        self._h2.goaway(http2.NO_ERROR)
         self._flush()
-        frame = GoAwayFrame(0, last_stream_id=self._h2.highest_inbound_stream_id, error_code=0)
-        self._transport.write(frame.serialize())
         if not self._calls:
             self._drained.set()
             self._close()

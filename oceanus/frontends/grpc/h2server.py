@@ -1,4 +1,4 @@
-"""gRPC over HTTP/2 on the event loop, with the h2 state machine: the gRPC frontend's transport.
+"""gRPC over HTTP/2 on the event loop, with our own framing (http2.py): the gRPC transport.
 
 Why not grpc.aio: its per-call cost is the gRPC frontend's ceiling. The same echo servicer
 answered 4,850 calls/s on grpc.aio and 9,700 on this transport (perf_analyzer -i grpc, c=16,
@@ -6,7 +6,7 @@ answered 4,850 calls/s on grpc.aio and 9,700 on this transport (perf_analyzer -i
 `grpc.RpcMethodHandler`s grpc.aio takes, and see the few context methods they use
 (h2call.Call), so the servicers do not know which transport serves them.
 
-Per connection: one asyncio Protocol and one h2 connection. A unary call's handler runs as a
+Per connection: one asyncio Protocol and its HTTP/2 state. A unary call's handler runs as a
 task once its request has arrived; a streaming call's at once. Everything a loop iteration
 produces for a connection leaves in one write.
 """

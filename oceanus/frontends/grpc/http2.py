@@ -1,0 +1,493 @@
+"""HTTP/2 framing for a gRPC server (RFC 9113), header compression left to `hpack`.
+
+Only what a gRPC server needs: client streams, no push, no priorities (parsed and ignored),
+flow control both ways. Events go straight to the connection's methods (`Events`) instead of
+event objects: the general `h2` state machine cost ~88 µs per unary call on the server's side
+(bench/grpc_transport_cost.py), most of a gRPC request's cost beside the servicer's.
+
+Errors: a connection error raises `ConnectionError_`; the caller sends `goaway(code)` and
+closes. A stream error resets that stream (RST_STREAM) and tells the connection it is gone.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Protocol, cast
+
+import hpack
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+# Frame types
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS = 0, 1, 2, 3, 4
+PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 5, 6, 7, 8, 9
+# Flags
+END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
+# Error codes
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
+STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL = 0x5, 0x6, 0x7, 0x8
+COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x9, 0xB
+# Settings
+HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS = 0x1, 0x2, 0x3
+INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
+
+MAX_WINDOW = 2**31 - 1
+DEFAULT_WINDOW = 65535
+# Receive windows: large enough that a tensor of a few MiB crosses without waiting for a
+# WINDOW_UPDATE round trip; the call's message limit bounds what a call may buffer.
+WINDOW = 16 << 20
+MAX_FRAME = 1 << 20  # what we accept (announced); frames we send follow the peer's setting
+MAX_HEADER_LIST = 64 << 10
+# A header block is refused past this many bytes or CONTINUATION frames (RFC 9113 10.5: a
+# CONTINUATION flood costs the receiver without ever ending).
+MAX_HEADER_BLOCK = MAX_HEADER_LIST + 1024
+MAX_CONTINUATIONS = 64
+# Streams we reset while the client may still be sending on them: frames arriving there are
+# ignored (RFC 9113 5.1, "closed"); the oldest are forgotten past this many.
+_RESET_MEMORY = 1024
+
+_HEAD = struct.Struct(">HBBBL")  # 24-bit length as 16 + 8 bits, type, flags, stream id
+_SETTING = struct.Struct(">HL")
+_OUR_SETTINGS = b"".join(
+    _SETTING.pack(key, value)
+    for key, value in (
+        (MAX_CONCURRENT_STREAMS, MAX_WINDOW),
+        (INITIAL_WINDOW_SIZE, WINDOW),
+        (MAX_FRAME_SIZE, MAX_FRAME),
+        (MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST),
+    )
+)
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    length = len(payload)
+    return _HEAD.pack(length >> 8, length & 0xFF, kind, flags, stream_id) + payload
+
+
+class ConnectionError_(Exception):
+    """A connection error (RFC 9113 5.4.1): GOAWAY with `code`, then close."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Events(Protocol):
+    """What the connection is told, as it happens."""
+
+    def on_request(self, stream_id: int, headers: list[tuple[bytes, bytes]]) -> None: ...
+    def on_data(self, stream_id: int, data: bytes) -> None: ...
+    def on_end(self, stream_id: int) -> None: ...
+    def on_reset(self, stream_id: int) -> None: ...
+    def on_window(self, stream_id: int) -> None: ...
+    def on_ping(self) -> None: ...
+    def on_ping_ack(self) -> None: ...
+    def on_goaway(self) -> None: ...
+
+
+class Stream:
+    """A client stream we have not finished: our send window, the bytes received since our
+    last WINDOW_UPDATE for it, whether the client may still send."""
+
+    __slots__ = ("remote_open", "send_window", "unacked")
+
+    def __init__(self, send_window: int) -> None:
+        self.send_window = send_window
+        self.unacked = 0
+        self.remote_open = True
+
+
+class Http2:
+    """One server connection's HTTP/2 state: `receive` bytes in, `data_to_send` bytes out."""
+
+    def __init__(self, events: Events) -> None:
+        self._events = events
+        self.streams: dict[int, Stream] = {}
+        self.last_stream_id = 0  # the highest client stream id seen
+        self._reset: dict[int, None] = {}  # streams we reset, oldest first
+        self._out: list[bytes] = []
+        self._buffer = bytearray()
+        self._need = len(PREFACE)  # bytes the buffer must hold before anything is parsed
+        self._preface = False
+        self._settings_seen = False
+        self._send_window = DEFAULT_WINDOW
+        self._initial_window = DEFAULT_WINDOW
+        self.max_send_frame = 16384
+        self._unacked = 0  # connection-level bytes received since our last WINDOW_UPDATE
+        # A header block still being received (HEADERS without END_HEADERS, CONTINUATIONs)
+        self._block_stream = 0
+        self._block_flags = 0
+        self._block: list[bytes] = []
+        self._block_size = 0
+        self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
+        self._encoder = hpack.Encoder()
+        # The last header block decoded, when decoding it left the HPACK table as it was: a
+        # client sending the same fully indexed headers every call is answered from here.
+        self._decoded: tuple[bytes, list[tuple[bytes, bytes]]] | None = None
+        # Our constant header lists encoded, while the encoder's table has not changed.
+        self._encoded: dict[int, tuple[list[tuple[bytes, bytes]], bytes]] = {}
+
+    # ---- out ----------------------------------------------------------------------------
+
+    def initiate(self) -> None:
+        """Our SETTINGS and the connection window's growth, the server's preface."""
+        self._out.append(frame(SETTINGS, 0, 0, _OUR_SETTINGS))
+        self._out.append(frame(WINDOW_UPDATE, 0, 0, (WINDOW - DEFAULT_WINDOW).to_bytes(4, "big")))
+
+    def data_to_send(self) -> bytes:
+        out = self._out
+        if not out:
+            return b""
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        return data
+
+    def window(self, stream_id: int) -> int:
+        """How many bytes of DATA the peer takes now on the stream (0 when it is gone)."""
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            return 0
+        return min(self._send_window, stream.send_window)
+
+    def send_headers(self, stream_id: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self._send_block(stream_id, self._encode(headers), 0)
+
+    def send_data(self, stream_id: int, data: bytes) -> None:
+        """DATA within `window(stream_id)` and `max_send_frame`, as the caller has checked."""
+        self.streams[stream_id].send_window -= len(data)
+        self._send_window -= len(data)
+        length = len(data)
+        self._out.append(_HEAD.pack(length >> 8, length & 0xFF, DATA, 0, stream_id))
+        self._out.append(data)
+
+    def end_stream(self, stream_id: int, trailers: list[tuple[bytes, bytes]]) -> None:
+        """Our last frame on the stream. A client still sending is told to stop with
+        RST_STREAM NO_ERROR (RFC 9113 8.1), as grpc servers do."""
+        stream = self.streams.pop(stream_id, None)
+        if stream is None:
+            return
+        self._send_block(stream_id, self._encode(trailers), END_STREAM)
+        if stream.remote_open:
+            self._send_reset(stream_id, NO_ERROR)
+
+    def reset(self, stream_id: int, code: int) -> None:
+        if self.streams.pop(stream_id, None) is not None:
+            self._send_reset(stream_id, code)
+
+    def ping(self, data: bytes) -> None:
+        self._out.append(frame(PING, 0, 0, data))
+
+    def goaway(self, code: int, debug: bytes = b"") -> None:
+        payload = self.last_stream_id.to_bytes(4, "big") + code.to_bytes(4, "big") + debug
+        self._out.append(frame(GOAWAY, 0, 0, payload))
+
+    def _send_reset(self, stream_id: int, code: int) -> None:
+        self._out.append(frame(RST_STREAM, 0, stream_id, code.to_bytes(4, "big")))
+        reset = self._reset
+        reset[stream_id] = None
+        if len(reset) > _RESET_MEMORY:
+            del reset[next(iter(reset))]
+
+    def _send_block(self, stream_id: int, block: bytes, flags: int) -> None:
+        size = self.max_send_frame
+        if len(block) <= size:
+            self._out.append(frame(HEADERS, flags | END_HEADERS, stream_id, block))
+            return
+        chunks = [block[i : i + size] for i in range(0, len(block), size)]
+        self._out.append(frame(HEADERS, flags, stream_id, chunks[0]))
+        for chunk in chunks[1:-1]:
+            self._out.append(frame(CONTINUATION, 0, stream_id, chunk))
+        self._out.append(frame(CONTINUATION, END_HEADERS, stream_id, chunks[-1]))
+
+    def _encode(self, headers: list[tuple[bytes, bytes]]) -> bytes:
+        cached = self._encoded.get(id(headers))
+        if cached is not None and cached[0] is headers:
+            return cached[1]
+        encoder = self._encoder
+        table = encoder.header_table
+        before = _table_state(table)
+        resized = bool(encoder.table_size_changes)  # this block carries a size update
+        block = encoder.encode(headers)
+        if resized or _table_state(table) != before:
+            self._encoded.clear()
+        else:
+            # Keeping the list keeps its id from being reused. Only our constant lists come
+            # back (status trailers are new lists each time): a few slots, emptied when full.
+            if len(self._encoded) >= 8:
+                self._encoded.clear()
+            self._encoded[id(headers)] = (headers, block)
+        return block
+
+    # ---- in -----------------------------------------------------------------------------
+
+    def receive(self, data: bytes) -> None:
+        """Parse what arrived; events fire as frames complete. Raises ConnectionError_."""
+        buffer = self._buffer
+        if buffer:
+            buffer += data
+            if len(buffer) < self._need:
+                return
+            data = bytes(buffer)
+            buffer.clear()
+        elif len(data) < self._need:
+            if not self._preface:
+                self._check_preface(data)
+            buffer += data
+            return
+        pos = 0
+        if not self._preface:
+            self._check_preface(data)
+            self._preface = True
+            pos = len(PREFACE)
+        end = len(data)
+        unpack = _HEAD.unpack_from
+        while end - pos >= 9:
+            high, low, kind, flags, stream_id = unpack(data, pos)
+            length = high << 8 | low
+            if length > MAX_FRAME:
+                raise ConnectionError_(FRAME_SIZE_ERROR, f"frame of {length} bytes")
+            if end - pos - 9 < length:
+                self._need = 9 + length
+                break
+            start = pos + 9
+            pos = start + length
+            self._frame(kind, flags, stream_id & MAX_WINDOW, data[start:pos])
+        else:
+            self._need = 9
+        if pos < end:
+            buffer += data[pos:] if pos else data
+
+    def _check_preface(self, data: bytes) -> None:
+        if not PREFACE.startswith(data[: len(PREFACE)]):
+            raise ConnectionError_(PROTOCOL_ERROR, "not the HTTP/2 connection preface")
+
+    def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if self._block_stream and kind != CONTINUATION:
+            raise ConnectionError_(PROTOCOL_ERROR, "a header block interrupted")
+        if not self._settings_seen:
+            if kind != SETTINGS or flags & ACK:
+                raise ConnectionError_(PROTOCOL_ERROR, "the preface's SETTINGS missing")
+            self._settings_seen = True
+        if kind == DATA:
+            self._on_data(flags, stream_id, payload)
+        elif kind == HEADERS:
+            self._on_headers(flags, stream_id, payload)
+        elif kind == CONTINUATION:
+            self._on_continuation(flags, stream_id, payload)
+        elif kind == WINDOW_UPDATE:
+            self._on_window_update(stream_id, payload)
+        elif kind == SETTINGS:
+            self._on_settings(flags, stream_id, payload)
+        elif kind == PING:
+            if stream_id:
+                raise ConnectionError_(PROTOCOL_ERROR, "PING on a stream")
+            if len(payload) != 8:
+                raise ConnectionError_(FRAME_SIZE_ERROR, "PING not of 8 bytes")
+            if flags & ACK:
+                self._events.on_ping_ack()
+            else:
+                self._out.append(frame(PING, ACK, 0, payload))
+                self._events.on_ping()
+        elif kind == RST_STREAM:
+            if not stream_id or stream_id > self.last_stream_id:
+                raise ConnectionError_(PROTOCOL_ERROR, "RST_STREAM on an idle stream")
+            if len(payload) != 4:
+                raise ConnectionError_(FRAME_SIZE_ERROR, "RST_STREAM not of 4 bytes")
+            if self.streams.pop(stream_id, None) is not None:
+                self._events.on_reset(stream_id)
+        elif kind == PRIORITY:
+            if not stream_id:
+                raise ConnectionError_(PROTOCOL_ERROR, "PRIORITY on stream 0")
+            if len(payload) != 5:
+                self._stream_error(stream_id, FRAME_SIZE_ERROR)
+        elif kind == GOAWAY:
+            if stream_id:
+                raise ConnectionError_(PROTOCOL_ERROR, "GOAWAY on a stream")
+            self._events.on_goaway()
+        elif kind == PUSH_PROMISE:
+            raise ConnectionError_(PROTOCOL_ERROR, "PUSH_PROMISE from a client")
+        # other types are extensions: ignored (RFC 9113 4.1)
+
+    def _stream_error(self, stream_id: int, code: int) -> None:
+        """RFC 9113 5.4.2: reset the stream; its call is gone as if the client reset it."""
+        had = self.streams.pop(stream_id, None)
+        self._send_reset(stream_id, code)
+        if had is not None:
+            self._events.on_reset(stream_id)
+
+    def _strip_padding(self, flags: int, payload: bytes) -> bytes:
+        if not flags & PADDED:
+            return payload
+        if not payload or payload[0] >= len(payload):
+            raise ConnectionError_(PROTOCOL_ERROR, "padding as long as the frame")
+        return payload[1 : len(payload) - payload[0]]
+
+    def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if not stream_id:
+            raise ConnectionError_(PROTOCOL_ERROR, "DATA on stream 0")
+        size = len(payload)  # padding counts against the windows too
+        self._unacked += size
+        if self._unacked > WINDOW:
+            raise ConnectionError_(FLOW_CONTROL_ERROR, "DATA past the connection window")
+        if self._unacked >= WINDOW // 2:
+            self._out.append(frame(WINDOW_UPDATE, 0, 0, self._unacked.to_bytes(4, "big")))
+            self._unacked = 0
+        data = self._strip_padding(flags, payload)
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            if stream_id > self.last_stream_id:
+                raise ConnectionError_(PROTOCOL_ERROR, "DATA on an idle stream")
+            if stream_id not in self._reset:
+                self._stream_error(stream_id, STREAM_CLOSED)
+            return
+        if not stream.remote_open:
+            self._stream_error(stream_id, STREAM_CLOSED)
+            return
+        stream.unacked += size
+        if stream.unacked > WINDOW:
+            self._stream_error(stream_id, FLOW_CONTROL_ERROR)
+            return
+        if flags & END_STREAM:
+            stream.remote_open = False
+        elif stream.unacked >= WINDOW // 2:
+            self._out.append(frame(WINDOW_UPDATE, 0, stream_id, stream.unacked.to_bytes(4, "big")))
+            stream.unacked = 0
+        if data:
+            self._events.on_data(stream_id, data)
+        if flags & END_STREAM and stream_id in self.streams:
+            self._events.on_end(stream_id)
+
+    def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if not stream_id or not stream_id & 1:
+            raise ConnectionError_(PROTOCOL_ERROR, f"HEADERS on stream {stream_id}")
+        block = self._strip_padding(flags, payload)
+        if flags & PRIORITY_FLAG:
+            if len(block) < 5:
+                raise ConnectionError_(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
+            block = block[5:]
+        if flags & END_HEADERS:
+            if len(block) > MAX_HEADER_BLOCK:
+                raise ConnectionError_(ENHANCE_YOUR_CALM, "header block over the limit")
+            self._on_block(flags, stream_id, block)
+            return
+        self._block_stream = stream_id
+        self._block_flags = flags
+        self._block = [block]
+        self._block_size = len(block)
+
+    def _on_continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if not self._block_stream or stream_id != self._block_stream:
+            raise ConnectionError_(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
+        self._block.append(payload)
+        self._block_size += len(payload)
+        if self._block_size > MAX_HEADER_BLOCK or len(self._block) > MAX_CONTINUATIONS:
+            raise ConnectionError_(ENHANCE_YOUR_CALM, "header block over the limit")
+        if flags & END_HEADERS:
+            block = b"".join(self._block)
+            self._block_stream = 0
+            self._block = []
+            self._on_block(self._block_flags, stream_id, block)
+
+    def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        decoded = self._decoded
+        if decoded is not None and decoded[0] == block:
+            return decoded[1]
+        table = self._decoder.header_table
+        before = _table_state(table)
+        try:
+            headers = cast(list[tuple[bytes, bytes]], self._decoder.decode(block, raw=True))
+        except hpack.OversizedHeaderListError as exc:
+            raise ConnectionError_(ENHANCE_YOUR_CALM, f"header list too long: {exc}") from None
+        except (hpack.HPACKError, IndexError, ValueError) as exc:
+            raise ConnectionError_(COMPRESSION_ERROR, f"HPACK: {exc}") from None
+        self._decoded = (block, headers) if _table_state(table) == before else None
+        return headers
+
+    def _on_block(self, flags: int, stream_id: int, block: bytes) -> None:
+        # Decoded whatever becomes of the stream: the HPACK table is the connection's.
+        headers = self._decode(block)
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            if stream_id <= self.last_stream_id:
+                if stream_id in self._reset:
+                    return  # trailers of a stream we reset
+                raise ConnectionError_(PROTOCOL_ERROR, f"stream id {stream_id} reused")
+            self.last_stream_id = stream_id
+            stream = self.streams[stream_id] = Stream(self._initial_window)
+            if flags & END_STREAM:
+                stream.remote_open = False
+            self._events.on_request(stream_id, headers)
+        elif not stream.remote_open:
+            self._stream_error(stream_id, STREAM_CLOSED)
+            return
+        elif not flags & END_STREAM:
+            self._stream_error(stream_id, PROTOCOL_ERROR)  # trailers must end the stream
+            return
+        else:
+            stream.remote_open = False
+        if flags & END_STREAM and stream_id in self.streams:
+            self._events.on_end(stream_id)
+
+    def _on_window_update(self, stream_id: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise ConnectionError_(FRAME_SIZE_ERROR, "WINDOW_UPDATE not of 4 bytes")
+        increment = int.from_bytes(payload, "big") & MAX_WINDOW
+        if not stream_id:
+            if not increment:
+                raise ConnectionError_(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+            self._send_window += increment
+            if self._send_window > MAX_WINDOW:
+                raise ConnectionError_(FLOW_CONTROL_ERROR, "connection window past 2^31-1")
+            self._events.on_window(0)
+            return
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            if stream_id > self.last_stream_id:
+                raise ConnectionError_(PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
+            return  # a stream that has ended: ignored
+        if not increment:
+            self._stream_error(stream_id, PROTOCOL_ERROR)
+            return
+        stream.send_window += increment
+        if stream.send_window > MAX_WINDOW:
+            self._stream_error(stream_id, FLOW_CONTROL_ERROR)
+            return
+        self._events.on_window(stream_id)
+
+    def _on_settings(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id:
+            raise ConnectionError_(PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & ACK:
+            if payload:
+                raise ConnectionError_(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
+            return
+        if len(payload) % 6:
+            raise ConnectionError_(FRAME_SIZE_ERROR, "SETTINGS not a multiple of 6 bytes")
+        for offset in range(0, len(payload), 6):
+            key, value = _SETTING.unpack_from(payload, offset)
+            if key == INITIAL_WINDOW_SIZE:
+                if value > MAX_WINDOW:
+                    raise ConnectionError_(FLOW_CONTROL_ERROR, "INITIAL_WINDOW_SIZE past 2^31-1")
+                delta = value - self._initial_window
+                self._initial_window = value
+                for stream in self.streams.values():
+                    stream.send_window += delta
+                    if stream.send_window > MAX_WINDOW:
+                        raise ConnectionError_(FLOW_CONTROL_ERROR, "a stream window past 2^31-1")
+            elif key == MAX_FRAME_SIZE:
+                if not 16384 <= value <= 2**24 - 1:
+                    raise ConnectionError_(PROTOCOL_ERROR, f"MAX_FRAME_SIZE {value}")
+                self.max_send_frame = value
+            elif key == HEADER_TABLE_SIZE:
+                self._encoder.header_table_size = value
+                self._encoded.clear()
+            elif key == ENABLE_PUSH and value > 1:
+                raise ConnectionError_(PROTOCOL_ERROR, f"ENABLE_PUSH {value}")
+        self._out.append(frame(SETTINGS, ACK, 0))
+        self._events.on_window(0)
+
+
+def _table_state(table: hpack.table.HeaderTable) -> tuple[int, object, int]:
+    """What changes when a header block changes an HPACK table (a new entry is a new tuple
+    at the front; a size update changes the maximum)."""
+    entries = table.dynamic_entries
+    return (len(entries), entries[0] if entries else None, table.maxsize)

@@ -1,0 +1,336 @@
+"""The gRPC transport's HTTP/2 framing (frontends/grpc/http2.py), in process: frames as a
+client sends them, cut anywhere, and each error with the code RFC 9113 names."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import hpack
+import pytest
+
+from oceanus.frontends.grpc import http2
+from oceanus.frontends.grpc.http2 import ConnectionError_, Http2
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+REQUEST = [
+    (b":method", b"POST"),
+    (b":scheme", b"http"),
+    (b":path", b"/inference.GRPCInferenceService/ModelInfer"),
+    (b":authority", b"localhost"),
+    (b"content-type", b"application/grpc"),
+    (b"te", b"trailers"),
+]
+MESSAGE = b"\0" + (10).to_bytes(4, "big") + b"0123456789"
+
+
+def raw_frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    """A frame as RFC 9113 4.1 lays it out, built here independently of http2.frame."""
+    return len(payload).to_bytes(3, "big") + struct.pack(">BBL", kind, flags, stream_id) + payload
+
+
+def settings(**values: int) -> bytes:
+    codes = {"header_table_size": 1, "initial_window_size": 4, "max_frame_size": 5}
+    payload = b"".join(struct.pack(">HL", codes[k], v) for k, v in values.items())
+    return raw_frame(4, 0, 0, payload)
+
+
+def window_update(stream_id: int, increment: int) -> bytes:
+    return raw_frame(8, 0, stream_id, increment.to_bytes(4, "big"))
+
+
+def frames_of(data: bytes) -> list[tuple[int, int, int, bytes]]:
+    """(type, flags, stream id, payload) of each frame the server wrote."""
+    found = []
+    pos = 0
+    while pos < len(data):
+        length = int.from_bytes(data[pos : pos + 3], "big")
+        kind, flags, stream_id = struct.unpack_from(">BBL", data, pos + 3)
+        found.append((kind, flags, stream_id, data[pos + 9 : pos + 9 + length]))
+        pos += 9 + length
+    return found
+
+
+class Recorder:
+    """The connection's side of http2.Events, writing down what it is told."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[Any, ...]] = []
+
+    def on_request(self, stream_id: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.events.append(("request", stream_id, list(headers)))
+
+    def on_data(self, stream_id: int, data: bytes) -> None:
+        self.events.append(("data", stream_id, data))
+
+    def on_end(self, stream_id: int) -> None:
+        self.events.append(("end", stream_id))
+
+    def on_reset(self, stream_id: int) -> None:
+        self.events.append(("reset", stream_id))
+
+    def on_window(self, stream_id: int) -> None:
+        self.events.append(("window", stream_id))
+
+    def on_ping(self) -> None:
+        self.events.append(("ping",))
+
+    def on_ping_ack(self) -> None:
+        self.events.append(("ping_ack",))
+
+    def on_goaway(self) -> None:
+        self.events.append(("goaway",))
+
+
+def server() -> tuple[Http2, Recorder]:
+    recorder = Recorder()
+    conn = Http2(recorder)
+    conn.initiate()
+    conn.data_to_send()
+    return conn, recorder
+
+
+def opened(**values: int) -> tuple[Http2, Recorder]:
+    """A server past the client's preface and SETTINGS, their ACK read."""
+    conn, recorder = server()
+    conn.receive(PREFACE + settings(**values))
+    conn.data_to_send()
+    recorder.events.clear()
+    return conn, recorder
+
+
+def error_of(conn: Http2, data: bytes) -> int:
+    with pytest.raises(ConnectionError_) as caught:
+        conn.receive(data)
+    return caught.value.code
+
+
+def one_call(encoder: hpack.Encoder, stream_id: int = 1) -> bytes:
+    return raw_frame(1, 0x4, stream_id, encoder.encode(REQUEST)) + raw_frame(
+        0, 0x1, stream_id, MESSAGE
+    )
+
+
+def test_a_call_cut_at_every_byte_gives_the_same_events() -> None:
+    encoder = hpack.Encoder()
+    wire = PREFACE + settings(initial_window_size=1 << 20) + one_call(encoder)
+    wire += one_call(encoder, 3)  # the second call's headers come from the dynamic table
+    whole, recorded = server()
+    whole.receive(wire)
+    expected = recorded.events
+    kinds = ["window", "request", "data", "end", "request", "data", "end"]
+    assert [event[0] for event in expected] == kinds
+    assert expected[1][2] == REQUEST and expected[4][2] == REQUEST
+    assert expected[2][2] == MESSAGE
+    for cut in range(1, len(wire)):
+        conn, recorder = server()
+        conn.receive(wire[:cut])
+        conn.receive(wire[cut:])
+        assert recorder.events == expected, cut
+    conn, recorder = server()
+    for byte in range(len(wire)):
+        conn.receive(wire[byte : byte + 1])
+    assert recorder.events == expected
+
+
+def test_the_server_answers_settings_and_pings_and_ignores_priority_and_unknown_frames() -> None:
+    conn, recorder = server()
+    conn.receive(PREFACE + settings(max_frame_size=1 << 16))
+    assert frames_of(conn.data_to_send()) == [(4, 0x1, 0, b"")]  # SETTINGS ACK
+    assert conn.max_send_frame == 1 << 16
+    conn.receive(raw_frame(6, 0, 0, b"12345678"))
+    assert frames_of(conn.data_to_send()) == [(6, 0x1, 0, b"12345678")]
+    conn.receive(raw_frame(2, 0, 5, bytes(5)) + raw_frame(0xEE, 0xFF, 7, b"whatever"))
+    assert conn.data_to_send() == b""
+    assert recorder.events == [("window", 0), ("ping",)]
+    assert error_of(conn, raw_frame(6, 0, 0, b"1234")) == http2.FRAME_SIZE_ERROR
+
+
+def test_continuation_carries_a_header_block() -> None:
+    conn, recorder = opened()
+    block = hpack.Encoder().encode(REQUEST)
+    conn.receive(
+        raw_frame(1, 0x1, 1, block[:5])
+        + raw_frame(9, 0, 1, block[5:9])
+        + raw_frame(9, 0x4, 1, block[9:])
+    )
+    assert recorder.events == [("request", 1, REQUEST), ("end", 1)]
+
+
+def test_a_header_block_interrupted_or_continued_out_of_place_is_a_protocol_error() -> None:
+    block = hpack.Encoder().encode(REQUEST)
+    conn, _ = opened()
+    interrupted = raw_frame(1, 0, 1, block[:5]) + raw_frame(6, 0, 0, bytes(8))
+    assert error_of(conn, interrupted) == http2.PROTOCOL_ERROR
+    conn, _ = opened()
+    assert error_of(conn, raw_frame(9, 0x4, 1, block)) == http2.PROTOCOL_ERROR
+
+
+def test_padding_and_priority_are_taken_off_headers_and_data() -> None:
+    conn, recorder = opened()
+    block = hpack.Encoder().encode(REQUEST)
+    padded = bytes((7,)) + bytes(5) + block + bytes(7)  # pad length, priority, block, padding
+    conn.receive(
+        raw_frame(1, 0x4 | 0x8 | 0x20, 1, padded)
+        + raw_frame(0, 0x1 | 0x8, 1, bytes((3,)) + MESSAGE + b"pad")
+    )
+    assert recorder.events == [("request", 1, REQUEST), ("data", 1, MESSAGE), ("end", 1)]
+    conn, _ = opened()
+    too_much = raw_frame(1, 0x4 | 0x8, 1, bytes((len(block) + 1,)) + block)
+    assert error_of(conn, too_much) == http2.PROTOCOL_ERROR
+
+
+def test_a_frame_past_our_max_frame_size_is_refused_from_its_header() -> None:
+    conn, _ = opened()
+    head = raw_frame(0, 0, 1)[3:]
+    assert error_of(conn, (http2.MAX_FRAME + 1).to_bytes(3, "big") + head) == (
+        http2.FRAME_SIZE_ERROR
+    )
+
+
+@pytest.mark.parametrize(
+    "wire", [b"GET / HTTP/1.1\r\n", b"PRI * HTTP/1.1", PREFACE + raw_frame(6, 0, 0, bytes(8))]
+)
+def test_a_bad_preface_is_a_protocol_error(wire: bytes) -> None:
+    conn, _ = server()
+    assert error_of(conn, wire) == http2.PROTOCOL_ERROR
+
+
+def test_windows_past_2_31_are_flow_control_errors() -> None:
+    conn, _ = opened()
+    assert error_of(conn, window_update(0, 2**31 - 1)) == http2.FLOW_CONTROL_ERROR
+    conn, _ = opened()
+    too_big = raw_frame(4, 0, 0, struct.pack(">HL", 4, 2**31))
+    assert error_of(conn, too_big) == http2.FLOW_CONTROL_ERROR
+    # on a stream: a stream error, the call gone, the connection kept
+    conn, recorder = opened()
+    conn.receive(raw_frame(1, 0x4, 1, hpack.Encoder().encode(REQUEST)))
+    conn.receive(window_update(1, 2**31 - 1))
+    assert frames_of(conn.data_to_send()) == [(3, 0, 1, (3).to_bytes(4, "big"))]
+    assert recorder.events[-1] == ("reset", 1)
+    assert error_of(conn, window_update(0, 0)) == http2.PROTOCOL_ERROR
+
+
+def test_window_updates_both_ways() -> None:
+    conn, recorder = opened(initial_window_size=100)
+    conn.receive(raw_frame(1, 0x4, 1, hpack.Encoder().encode(REQUEST)))
+    assert conn.window(1) == 100
+    conn.send_data(1, bytes(60))
+    assert conn.window(1) == 40
+    conn.receive(window_update(1, 10) + settings(initial_window_size=200))
+    assert conn.window(1) == 150  # 40 + 10, and the new initial size's 100 more
+    assert ("window", 1) in recorder.events
+    conn.data_to_send()
+    # receiving: a WINDOW_UPDATE for the connection and the stream once half is consumed
+    chunk = raw_frame(0, 0, 1, bytes(http2.MAX_FRAME))
+    for _ in range(http2.WINDOW // 2 // http2.MAX_FRAME - 1):
+        conn.receive(chunk)
+    assert conn.data_to_send() == b""
+    conn.receive(chunk)
+    sent = frames_of(conn.data_to_send())
+    half = (http2.WINDOW // 2).to_bytes(4, "big")
+    assert sent == [(8, 0, 0, half), (8, 0, 1, half)]
+
+
+def test_data_past_the_window_is_a_flow_control_error() -> None:
+    conn, _ = opened()
+    conn.receive(raw_frame(1, 0x4, 1, hpack.Encoder().encode(REQUEST)))
+    conn.receive(raw_frame(1, 0x4, 3, hpack.Encoder().encode(REQUEST)))
+    conn._unacked = http2.WINDOW - 10  # as if the client had ignored our WINDOW_UPDATEs
+    assert error_of(conn, raw_frame(0, 0, 3, bytes(11))) == http2.FLOW_CONTROL_ERROR
+
+
+def test_a_header_block_over_the_limit_is_refused() -> None:
+    big = hpack.Encoder().encode([*REQUEST, (b"x-huge", b"v" * (70 << 10))], huffman=False)
+    conn, _ = opened()
+    assert error_of(conn, raw_frame(1, 0x4, 1, big)) == http2.ENHANCE_YOUR_CALM
+    conn, _ = opened()
+    pieces = raw_frame(1, 0, 1, big[:1000]) + b"".join(
+        raw_frame(9, 0, 1, big[i : i + 16384]) for i in range(1000, len(big), 16384)
+    )
+    assert error_of(conn, pieces) == http2.ENHANCE_YOUR_CALM
+    # small on the wire, a header list past 64 KiB once decoded (the hpack decoder's limit)
+    conn, _ = opened()
+    listed = hpack.Encoder().encode([*REQUEST, (b"x-big", b"v" * (64 << 10))], huffman=True)
+    assert len(listed) < http2.MAX_HEADER_BLOCK
+    assert error_of(conn, raw_frame(1, 0x4, 1, listed)) == http2.ENHANCE_YOUR_CALM
+    # a CONTINUATION flood: empty frames that never end the block
+    conn, _ = opened()
+    flood = raw_frame(1, 0, 1, b"") + raw_frame(9, 0, 1, b"") * 100
+    assert error_of(conn, flood) == http2.ENHANCE_YOUR_CALM
+
+
+def test_stream_ids_must_be_odd_and_increasing() -> None:
+    encoder = hpack.Encoder()
+    conn, _ = opened()
+    conn.receive(one_call(encoder, 3))
+    assert error_of(conn, one_call(encoder, 1)) == http2.PROTOCOL_ERROR
+    conn, _ = opened()
+    assert error_of(conn, one_call(hpack.Encoder(), 2)) == http2.PROTOCOL_ERROR
+
+
+def test_data_on_idle_closed_and_reset_streams() -> None:
+    encoder = hpack.Encoder()
+    conn, recorder = opened()
+    assert error_of(conn, raw_frame(0, 0, 1, MESSAGE)) == http2.PROTOCOL_ERROR  # idle
+    conn, recorder = opened()
+    conn.receive(one_call(encoder, 1))  # the client has ended stream 1
+    conn.receive(raw_frame(0, 0, 1, MESSAGE))
+    assert frames_of(conn.data_to_send()) == [(3, 0, 1, (5).to_bytes(4, "big"))]
+    assert recorder.events[-1] == ("reset", 1)  # STREAM_CLOSED, the call gone
+    # answered before the client finished: RST_STREAM NO_ERROR, what still comes is dropped
+    conn.receive(raw_frame(1, 0x4, 3, encoder.encode(REQUEST)))
+    conn.end_stream(3, [(b"grpc-status", b"0")])
+    sent = frames_of(conn.data_to_send())
+    assert [(kind, flags) for kind, flags, _, _ in sent] == [(1, 0x5), (3, 0)]
+    assert sent[1][3] == bytes(4)
+    conn.receive(raw_frame(0, 0x1, 3, MESSAGE) + raw_frame(1, 0x5, 3, encoder.encode([])))
+    assert conn.data_to_send() == b""
+
+
+def test_headers_out_follow_the_clients_table_size_and_frame_size() -> None:
+    conn, _ = opened(header_table_size=0)
+    conn.receive(raw_frame(1, 0x5, 1, hpack.Encoder().encode(REQUEST)))
+    status = [(b":status", b"200")]
+    blocks = []
+    for _ in range(2):  # the same list twice: the second comes from the encoder's memory
+        conn.send_headers(1, status)
+        blocks.append(frames_of(conn.data_to_send())[0][3])
+    # a dynamic table size update to 0 first (RFC 7541 6.3), once; :status 200 is static 8
+    assert blocks == [b"\x20\x88", b"\x88"]
+    trailers = [(b"grpc-status", b"13"), (b"grpc-message", b"m" * 60000)]
+    conn.end_stream(1, trailers)
+    sent = frames_of(conn.data_to_send())
+    assert [(kind, flags) for kind, flags, _, _ in sent] == [(1, 0x1), (9, 0), (9, 0x4)]
+    decoder = hpack.Decoder()
+    decoder.max_allowed_table_size = 0
+    decoder.decode(blocks[0], raw=True)
+    assert decoder.decode(b"".join(payload for _, _, _, payload in sent), raw=True) == trailers
+
+
+def test_a_repeated_block_is_decoded_against_the_table_as_it_is_now() -> None:
+    """The last stateless block is remembered; a block that changes the table forgets it."""
+    conn, recorder = opened()
+    insert_a = b"\x40" + b"\x01a\x011"  # literal with incremental indexing, a: 1
+    insert_b = b"\x40" + b"\x01b\x012"
+    newest = b"\xbe"  # index 62, the newest entry of the dynamic table
+    for stream_id, block in enumerate((insert_a, newest, newest, insert_b, newest), 0):
+        conn.receive(raw_frame(1, 0x5, 2 * stream_id + 1, block))
+    requests = [event[2] for event in recorder.events if event[0] == "request"]
+    a, b = [(b"a", b"1")], [(b"b", b"2")]
+    assert requests == [a, a, a, b, b]
+
+
+def test_a_broken_hpack_block_is_a_compression_error() -> None:
+    conn, _ = opened()
+    assert error_of(conn, raw_frame(1, 0x5, 1, b"\xff\xff\xff")) == http2.COMPRESSION_ERROR
+
+
+def test_rst_stream_from_the_client_ends_the_call_and_goaway_is_seen() -> None:
+    conn, recorder = opened()
+    conn.receive(raw_frame(1, 0x4, 1, hpack.Encoder().encode(REQUEST)))
+    conn.receive(raw_frame(3, 0, 1, (8).to_bytes(4, "big")))
+    assert recorder.events[-1] == ("reset", 1) and conn.window(1) == 0
+    conn.receive(raw_frame(7, 0, 0, bytes(8)))
+    assert recorder.events[-1] == ("goaway",)
+    assert error_of(conn, raw_frame(3, 0, 9, bytes(4))) == http2.PROTOCOL_ERROR  # idle
