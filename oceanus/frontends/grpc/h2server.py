@@ -1,8 +1,9 @@
 """gRPC over HTTP/2 on the event loop, with our own framing (http2.py): the gRPC transport.
 
-Why not grpc.aio: its per-call cost is the gRPC frontend's ceiling. The same echo servicer
-answered 4,850 calls/s on grpc.aio and 9,700 on this transport (perf_analyzer -i grpc, c=16,
-2 vCPUs; `python bench/grpc_echo.py --transport`, bench/README.md). Handlers are the same
+Why not grpc.aio: its per-call cost was the gRPC frontend's ceiling. The same echo servicer
+answered 4,850 calls/s on grpc.aio and 9,700 on this transport's first version, on the `h2`
+library (perf_analyzer -i grpc, c=16, 2 vCPUs; `python bench/grpc_echo.py --transport`); on
+our own framing `simple` itself serves 11,900 infer/s (bench/README.md). Handlers are the same
 `grpc.RpcMethodHandler`s grpc.aio takes, and see the few context methods they use
 (h2call.Call), so the servicers do not know which transport serves them.
 

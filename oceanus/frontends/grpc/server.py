@@ -1,4 +1,4 @@
-"""The gRPC frontend's server on the running event loop, with Triton's options: the h2
+"""The gRPC frontend's server on the running event loop, with Triton's options: our HTTP/2
 transport (h2server.py) by default, grpc.aio when OCEANUS_GRPC_TRANSPORT=grpcio."""
 
 from __future__ import annotations
