@@ -7,7 +7,10 @@ import struct
 from typing import Any
 
 import hpack
+import hypothesis
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from oceanus.frontends.grpc import http2
 from oceanus.frontends.grpc.http2 import ConnectionError_, Http2
@@ -334,3 +337,60 @@ def test_rst_stream_from_the_client_ends_the_call_and_goaway_is_seen() -> None:
     conn.receive(raw_frame(7, 0, 0, bytes(8)))
     assert recorder.events[-1] == ("goaway",)
     assert error_of(conn, raw_frame(3, 0, 9, bytes(4))) == http2.PROTOCOL_ERROR  # idle
+
+
+_STREAMS = st.sampled_from([0, 1, 3, 5, 2, 0x7FFFFFFF])
+_ANY_FRAME = st.one_of(
+    # anything at all: every type RFC 9113 defines and one it does not, any flags and bytes
+    st.tuples(st.integers(0, 10), st.integers(0, 255), _STREAMS, st.binary(max_size=40)),
+    # well formed, so that streams open and reach their later states
+    st.tuples(
+        st.just(1), st.sampled_from([4, 5]), st.sampled_from([1, 3, 5]), st.just(b"\x00")
+    ),  # HEADERS: a block filled in below
+    st.tuples(st.just(0), st.sampled_from([0, 1]), _STREAMS, st.binary(max_size=30)),
+    st.tuples(
+        st.sampled_from([3, 8]),
+        st.just(0),
+        _STREAMS,
+        st.integers(0, 2**32 - 1).map(lambda n: n.to_bytes(4, "big")),
+    ),
+    st.tuples(st.just(6), st.sampled_from([0, 1]), st.just(0), st.binary(min_size=8, max_size=8)),
+    st.tuples(
+        st.just(4),
+        st.sampled_from([0, 1]),
+        st.just(0),
+        st.lists(st.tuples(st.integers(1, 9), st.integers(0, 2**32 - 1)), max_size=3).map(
+            lambda kv: b"".join(struct.pack(">HL", k, v) for k, v in kv)
+        ),
+    ),
+)
+
+
+@hypothesis.settings(max_examples=400, deadline=None)
+@given(frames=st.lists(_ANY_FRAME, max_size=12), cut=st.integers(1, 64))
+def test_any_frames_end_in_events_or_a_connection_error(
+    frames: list[tuple[int, int, int, bytes]], cut: int
+) -> None:
+    """Whatever frames follow a good opening, in whatever pieces they arrive, the framing
+    raises nothing but ConnectionError_ (the connection's GOAWAY), never a bug of its own."""
+    events = Recorder()
+    conn = Http2(events)
+    conn.initiate()
+    encoder = hpack.Encoder()
+    wire = PREFACE + settings()
+    for kind, flags, stream_id, payload in frames:
+        if kind == 1 and payload == b"\x00":
+            payload = encoder.encode(REQUEST)
+        wire += raw_frame(kind, flags, stream_id, payload)
+    try:
+        for start in range(0, len(wire), cut):
+            conn.receive(wire[start : start + cut])
+    except ConnectionError_ as exc:
+        assert exc.code in {
+            http2.PROTOCOL_ERROR,
+            http2.FLOW_CONTROL_ERROR,
+            http2.FRAME_SIZE_ERROR,
+            http2.COMPRESSION_ERROR,
+            http2.ENHANCE_YOUR_CALM,
+        }
+    conn.data_to_send()
