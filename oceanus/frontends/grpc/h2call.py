@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from oceanus.frontends.compression import inflate
+
 if TYPE_CHECKING:
     from oceanus.frontends.grpc.h2connection import Connection
 
@@ -85,20 +87,16 @@ def metadata_of(headers: list[tuple[bytes, bytes]]) -> tuple[tuple[str, str | by
 
 def decompress(data: bytes, encoding: bytes, limit: int) -> bytes:
     """A message sent with the compressed flag, in the call's grpc-encoding."""
-    if encoding == b"gzip":
-        inflater = zlib.decompressobj(wbits=31)
-    elif encoding == b"deflate":
-        inflater = zlib.decompressobj()
-    else:
+    try:
+        message = inflate(data, encoding, limit)
+    except zlib.error as exc:
+        raise MessageError(grpc.StatusCode.INTERNAL, f"Failed to decompress: {exc}") from None
+    if message is None:
         raise MessageError(
             grpc.StatusCode.UNIMPLEMENTED,
             f"Compression algorithm '{encoding.decode('latin-1')}' is not supported",
         )
-    try:
-        message = inflater.decompress(data, limit + 1)
-    except zlib.error as exc:
-        raise MessageError(grpc.StatusCode.INTERNAL, f"Failed to decompress: {exc}") from None
-    if len(message) > limit or inflater.unconsumed_tail:
+    if len(message) > limit:
         raise MessageError(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             f"Received message larger than max (>{limit} vs. {limit})",
@@ -255,12 +253,6 @@ class Call:
 
     def add_done_callback(self, callback: Callable[[Any], None]) -> None:
         self._callbacks.append(callback)
-
-    def cancelled(self) -> bool:
-        return self.task is not None and self.task.cancelled()
-
-    def peer(self) -> str:
-        return self.connection.peer
 
     # ---- the transport's side --------------------------------------------------------------
 

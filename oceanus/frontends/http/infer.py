@@ -18,6 +18,7 @@ from typing import Any
 from oceanus.core.errors import InferenceServerError, invalid_arg
 from oceanus.core.shared_memory import SharedMemoryManager
 from oceanus.core.types import InferRequest, is_number
+from oceanus.frontends.compression import inflate
 from oceanus.frontends.http import codec
 from oceanus.frontends.http.protocol import Headers, HttpRequest, HttpResponse
 from oceanus.frontends.http.responses import JSON, HttpError, error_of
@@ -139,18 +140,14 @@ def _too_large(size: int, limit: int) -> str:
 
 
 def _decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
-    if encoding in (b"gzip", b"x-gzip"):
-        decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    elif encoding == b"deflate":
-        decoder = zlib.decompressobj()
-    else:
+    try:
+        data = inflate(body, encoding, limit)
+    except zlib.error as exc:
+        raise invalid_arg(f"failed to decompress the request body: {exc}") from None
+    if data is None:
         raise HttpError(
             501, "Unsupported compression type", [(b"accept-encoding", b"gzip, deflate")]
         )
-    try:
-        data = decoder.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise invalid_arg(f"failed to decompress the request body: {exc}") from None
     if len(data) > limit:
         raise invalid_arg(_too_large(len(data), limit))
     return data
