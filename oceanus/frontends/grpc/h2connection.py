@@ -133,7 +133,7 @@ class Connection(asyncio.Protocol):
         self._pings_without_data = 0
         if handler.stream_stream is not None:
             call.requests = RequestStream(handler.request_deserializer)
-            call.task = self._loop.create_task(self._run_stream(call))
+            call.task = self._loop.create_task(self._run(call))
         elif handler.unary_unary is None:
             del self._calls[stream_id]
             self._trailers_only(stream_id, grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
@@ -171,7 +171,7 @@ class Connection(asyncio.Protocol):
                 call, grpc.StatusCode.INTERNAL, f"Expected one request message, received {got}"
             )
             return
-        call.task = self._loop.create_task(self._run_unary(call, call.messages.pop()))
+        call.task = self._loop.create_task(self._run(call, call.messages.pop()))
 
     def on_reset(self, stream_id: int) -> None:
         call = self._calls.pop(stream_id, None)
@@ -187,30 +187,19 @@ class Connection(asyncio.Protocol):
 
     # ---- running handlers ---------------------------------------------------------------
 
-    async def _run_unary(self, call: Call, data: bytes) -> None:
+    async def _run(self, call: Call, data: bytes | None = None) -> None:
+        """The call's handler: a unary one with its request `data`, a streaming one (data
+        None) reading `call.requests`; its outcome becomes the call's status."""
         handler = call.handler
         try:
-            deserialize = handler.request_deserializer
-            request = data if deserialize is None else deserialize(data)
-            response = await handler.unary_unary(request, call)
-            serialize = handler.response_serializer
-            body = response if serialize is None else serialize(response)
-        except asyncio.CancelledError:
-            self._cancelled(call)
-            return
-        except RpcAbort as abort:
-            self._end_call(call, abort.code, abort.details)
-            return
-        except Exception as exc:
-            self._failed(call, exc)
-            return
-        self._queue_message(call, body)
-        self._end_call(call, None, "")
-
-    async def _run_stream(self, call: Call) -> None:
-        assert call.requests is not None
-        try:
-            await call.handler.stream_stream(call.requests, call)
+            if call.requests is not None:
+                await handler.stream_stream(call.requests, call)
+            else:
+                deserialize = handler.request_deserializer
+                request = data if deserialize is None else deserialize(data)
+                response = await handler.unary_unary(request, call)
+                serialize = handler.response_serializer
+                self._queue_message(call, response if serialize is None else serialize(response))
         except asyncio.CancelledError:
             self._cancelled(call)
             return
