@@ -141,15 +141,9 @@ class Channel:
         wake fd fired. Raises EOFError when the other end closed."""
         buffer = self._buffer
         while True:
-            if len(buffer) >= 4:
-                (length,) = LENGTH.unpack_from(buffer, 0)
-                if len(buffer) >= 4 + length:
-                    message = marshal.loads(buffer[4 : 4 + length])  # one copy, not two
-                    del buffer[: 4 + length]
-                    classes = self._classes
-                    if classes is None:
-                        return message
-                    return _new_tuple(classes[message[-1]], message)
+            message = self._buffered()
+            if message is not None:
+                return message
             if self._held:  # about to wait for the other end: what it may need goes first
                 self.flush()
             if timeout is not None or (wakeable and self._wake_fd >= 0):
@@ -180,18 +174,26 @@ class Channel:
             if not chunk:
                 return None
             buffer += chunk
-        classes = self._classes
         messages = []
-        while len(buffer) >= 4:
-            (length,) = LENGTH.unpack_from(buffer, 0)
-            if len(buffer) < 4 + length:
-                break
-            message = marshal.loads(buffer[4 : 4 + length])
-            del buffer[: 4 + length]
-            messages.append(
-                message if classes is None else _new_tuple(classes[message[-1]], message)
-            )
+        while (message := self._buffered()) is not None:
+            messages.append(message)
         return messages
+
+    def _buffered(self) -> Any:
+        """The next message if the buffer holds it whole (typed with `kinds`), else None
+        (messages are tuples, never None)."""
+        buffer = self._buffer
+        if len(buffer) < 4:
+            return None
+        (length,) = LENGTH.unpack_from(buffer, 0)
+        if len(buffer) < 4 + length:
+            return None
+        message = marshal.loads(buffer[4 : 4 + length])  # one copy, not two
+        del buffer[: 4 + length]
+        classes = self._classes
+        if classes is None:
+            return message
+        return _new_tuple(classes[message[-1]], message)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
