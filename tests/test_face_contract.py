@@ -4,7 +4,6 @@ run in-process on a small package written here, whose frontend imports behind it
 from __future__ import annotations
 
 import itertools
-import textwrap
 from pathlib import Path
 
 import grimp
@@ -22,15 +21,13 @@ def _package(root: Path, files: dict[str, str]) -> str:
     for path, text in {"__init__.py": "", **files}.items():
         target = root / name / path
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(textwrap.dedent(text))
+        target.write_text(text)
     return name
 
 
-def _check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, str]) -> list[str]:
-    monkeypatch.syspath_prepend(str(tmp_path))
-    package = _package(tmp_path, files)
-    graph = grimp.build_graph(package, cache_dir=None)
-    contract = FaceContract(
+def _contract(package: str) -> FaceContract:
+    """The contract as pyproject.toml states it, over `package`'s front and core."""
+    return FaceContract(
         name="face",
         session_options={"root_packages": [package]},
         contract_options={
@@ -38,6 +35,13 @@ def _check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, str
             "face_package": f"{package}.core",
         },
     )
+
+
+def _check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, str]) -> list[str]:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    package = _package(tmp_path, files)
+    graph = grimp.build_graph(package, cache_dir=None)
+    contract = _contract(package)
     check = contract.check(graph, verbose=False)
     found = [
         f"{v['importer']} -> {v['imported']} {v['line_numbers']}"
@@ -108,3 +112,16 @@ def test_a_contract_without_its_face_package_is_refused() -> None:
             session_options={"root_packages": ["oceanus"]},
             contract_options={"source_modules": ["oceanus.frontends"]},
         )
+
+
+def test_a_broken_face_is_rendered_one_import_a_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    package = _package(tmp_path, {**CORE, "front/bad.py": "import os\nfrom ..core import behind\n"})
+    contract = _contract(package)
+    contract.render_broken_contract(
+        contract.check(grimp.build_graph(package, cache_dir=None), verbose=False)
+    )
+    printed = capsys.readouterr().out
+    assert f"-   {package}.front.bad -> {package}.core.behind (l.2)" in printed
