@@ -30,6 +30,8 @@ def _help(declared_setting: Setting, default: Any) -> str:
     text = declared_setting.help
     if declared_setting.unit:
         text += f" [{declared_setting.unit}]"
+    if isinstance(default, bool):
+        default = str(default).lower() if not declared_setting.bare else None
     if default not in (None, "", [], {}) and "default" not in text:
         text += f" (default: {default})"
     return text.replace("%", "%%")

@@ -25,7 +25,7 @@ GROUPS = (
     "logging",
     "tracing",
     "scheduling and caching",
-    "Oceanus",
+    "Oceanus's own (not tritonserver's)",
 )
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -94,6 +94,20 @@ def checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse_text
 
 
+def choice(*choices: str, lower: bool = False) -> Callable[[str], str]:
+    """One of `choices` (`lower`: read case-insensitively, as Triton reads
+    --model-control-mode=POLL)."""
+
+    def parse(text: str) -> str:
+        value = text.lower() if lower else text
+        if value not in choices:
+            listed = ", ".join(f"'{c}'" for c in choices)
+            raise argparse.ArgumentTypeError(f"invalid choice: '{text}' (choose from {listed})")
+        return value
+
+    return parse
+
+
 @dataclass(frozen=True)
 class Setting:
     """One setting: `flags[0]` is Triton's name (the others its aliases); the keyword of
@@ -146,6 +160,13 @@ class Setting:
         if self.kind in (int, bool):
             return self.text(str(given))  # the flag's own range checks
         return given
+
+
+# The usual kinds of flag, as `setting(..., **BOOL)`.
+BOOL: dict[str, Any] = {"parse": parse_bool, "metavar": "BOOL", "switch": True}
+COUNT: dict[str, Any] = {"parse": parse_nonnegative, "kind": int}
+PORT: dict[str, Any] = {"parse": parse_port, "kind": int, "metavar": "PORT"}
+MS: dict[str, Any] = {"parse": parse_nonnegative, "kind": int, "unit": "ms", "metavar": "MS"}
 
 
 def setting(

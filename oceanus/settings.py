@@ -18,15 +18,18 @@ from oceanus.core.observability.tracing import TraceConfig
 from oceanus.core.response_cache import parse_cache_config
 from oceanus.core.scheduling.rate_limiter import ResourceLimit, parse_mode, parse_resource
 from oceanus.declaration import (
+    BOOL,
+    COUNT,
+    GROUPS,
+    MS,
+    PORT,
     checked,
+    choice,
     parse_bool,
-    parse_nonnegative,
-    parse_port,
     parse_regex,
     parse_workers,
     setting,
 )
-from oceanus.frontends.grpc import keepalive
 from oceanus.frontends.http.busy_poll import DEFAULT_BUDGET_US
 from oceanus.frontends.restricted import GRPC_HEADER_PREFIX, parse_restriction
 from oceanus.logs import LogSettings
@@ -81,41 +84,7 @@ def _metrics_pairs(values: list[str]) -> dict[str, str]:
     return pairs
 
 
-def _lower_choice(*choices: str) -> Callable[[str], str]:
-    # Triton reads the mode case-insensitively (charts pass --model-control-mode=POLL).
-    def parse(text: str) -> str:
-        if text.lower() not in choices:
-            listed = ", ".join(f"'{c}'" for c in choices)
-            raise ValueError(f"invalid choice: '{text}' (choose from {listed})")
-        return text.lower()
-
-    return checked(parse)
-
-
-def _choice(*choices: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        if text not in choices:
-            listed = ", ".join(f"'{c}'" for c in choices)
-            raise ValueError(f"invalid choice: '{text}' (choose from {listed})")
-        return text
-
-    return checked(parse)
-
-
-BOOL: dict[str, Any] = {"parse": parse_bool, "metavar": "BOOL", "switch": True}
-COUNT: dict[str, Any] = {"parse": parse_nonnegative, "kind": int}
-PORT: dict[str, Any] = {"parse": parse_port, "kind": int, "metavar": "PORT"}
-MS: dict[str, Any] = {"parse": parse_nonnegative, "kind": int, "unit": "ms", "metavar": "MS"}
-M, HTTP, GRPC, METRICS, LOG, TRACE, SCHED, OCEANUS = (
-    "models",
-    "HTTP",
-    "gRPC",
-    "metrics",
-    "logging",
-    "tracing",
-    "scheduling and caching",
-    "Oceanus",
-)
+M, HTTP, GRPC, METRICS, LOG, TRACE, SCHED, OCEANUS = GROUPS
 
 
 @dataclass
@@ -136,7 +105,7 @@ class Settings:
         "none: load every model at start; poll: follow the repository; explicit: load and "
         "unload on request (--load-model at start)",
         M,
-        parse=_lower_choice("none", "poll", "explicit"),
+        parse=choice("none", "poll", "explicit", lower=True),
         metavar="none|poll|explicit",
     )
     load_models: list[str] = setting(
@@ -220,7 +189,7 @@ class Settings:
         parse=parse_regex,
         metavar="REGEX",
     )
-    # ---- gRPC (times in milliseconds, as Triton's flags)
+    # ---- gRPC (times in milliseconds, as Triton's flags; Triton's defaults)
     allow_grpc: bool = setting(True, "--allow-grpc", "serve gRPC", GRPC, **BOOL)
     grpc_port: int = setting(8001, "--grpc-port", "gRPC port (0: any free port)", GRPC, **PORT)
     grpc_address: str = setting("0.0.0.0", "--grpc-address", "gRPC address", GRPC)
@@ -236,10 +205,10 @@ class Settings:
         metavar="REGEX",
     )
     grpc_keepalive_time: int = setting(
-        keepalive.KEEPALIVE_TIME_MS, "--grpc-keepalive-time", "keepalive ping period", GRPC, **MS
+        7_200_000, "--grpc-keepalive-time", "keepalive ping period", GRPC, **MS
     )
     grpc_keepalive_timeout: int = setting(
-        keepalive.KEEPALIVE_TIMEOUT_MS,
+        20_000,
         "--grpc-keepalive-timeout",
         "time a keepalive ping's answer may take",
         GRPC,
@@ -253,21 +222,21 @@ class Settings:
         **BOOL,
     )
     grpc_http2_max_pings_without_data: int = setting(
-        keepalive.HTTP2_MAX_PINGS_WITHOUT_DATA,
+        2,
         "--grpc-http2-max-pings-without-data",
         "pings sent without data between (0: no limit)",
         GRPC,
         **COUNT,
     )
     grpc_http2_min_recv_ping_interval_without_data: int = setting(
-        keepalive.HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+        300_000,
         "--grpc-http2-min-recv-ping-interval-without-data",
         "shortest interval between a client's pings without data",
         GRPC,
         **MS,
     )
     grpc_http2_max_ping_strikes: int = setting(
-        keepalive.HTTP2_MAX_PING_STRIKES,
+        2,
         "--grpc-http2-max-ping-strikes",
         "bad pings before the connection is closed (0: no limit)",
         GRPC,
@@ -343,7 +312,7 @@ class Settings:
         "--log-format",
         "line format",
         LOG,
-        parse=_choice("default", "ISO8601"),
+        parse=choice("default", "ISO8601"),
         metavar="default|ISO8601",
     )
     log_file: str = setting("", "--log-file", "log to this file instead of stderr", LOG)
