@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import logging
 import pickle
@@ -242,7 +243,11 @@ class Server:
                 raise SystemExit(
                     f"failed to start GRPC service on {endpoint}: {exc.strerror}"
                 ) from None
-        return dataclasses.replace(settings, http_port=http_port, grpc_port=grpc_port)
+        # A copy, not dataclasses.replace: that would derive a new `log` (and `trace`), and the
+        # logging endpoints must change the one object every frontend holds.
+        claimed = copy.copy(settings)
+        claimed.http_port, claimed.grpc_port = http_port, grpc_port
+        return claimed
 
     async def _stop_grpc(self) -> bool:
         if self._grpc is None:
