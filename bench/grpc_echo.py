@@ -22,9 +22,10 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
-from oceanus.frontends.grpc.server import MAX_MESSAGE_SIZE, GrpcOptions
-from oceanus.frontends.grpc_transport.server import H2Server, Limits
+from oceanus.frontends.grpc_transport.server import H2Server
 from oceanus.main import install_uvloop
+from oceanus.parts import grpc_limits
+from oceanus.settings import Settings
 
 SERVICE = "inference.GRPCInferenceService"
 
@@ -67,7 +68,7 @@ async def serve(port: int, transport: str) -> None:
     server: Any
     if transport == "h2":
         paths = {f"/{SERVICE}/{method}".encode(): h for method, h in handlers.items()}
-        server = H2Server(paths, Limits(GrpcOptions(), MAX_MESSAGE_SIZE))
+        server = H2Server(paths, grpc_limits(Settings()))
         await server.start("127.0.0.1", port, reuse_port=True, ssl_context=None)
     else:
         server = grpc.aio.server(options=[("grpc.so_reuseport", 1)])

@@ -32,7 +32,8 @@ from oceanus.ipc.aio import AioChannel
 from oceanus.ipc.msgring import MsgRingReader, MsgRingWriter
 from oceanus.ipc.rings import RingReader, RingWriter
 from oceanus.logs import LogSettings, configure
-from oceanus.main import grpc_options, install_uvloop
+from oceanus.main import install_uvloop
+from oceanus.parts import grpc_options, http_server
 from oceanus.settings import Settings
 
 log = logging.getLogger("oceanus.workers")
@@ -100,9 +101,7 @@ class _FrontendWorker:
                     settings.http_restricted_apis,
                     settings.http_header_forward_pattern,
                 )
-                http = HttpServer(
-                    handler.handle, settings.http_max_input_size, settings.http_busy_poll_us
-                )
+                http = http_server(settings, handler.handle)
                 await http.start(settings.http_address, settings.http_port, reuse_port=True)
             if settings.allow_grpc:
                 options = grpc_options(settings, reuse_port=True)

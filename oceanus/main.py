@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import logging
 import pickle
@@ -10,19 +11,13 @@ import signal
 from typing import Any
 
 from oceanus import startup
-from oceanus.backends import builtin
 from oceanus.core.model import ModelState
 from oceanus.core.observability.tracing import MODE_OPENTELEMETRY, SpanExporter
-from oceanus.core.server import CoreOptions, ServerCore
-from oceanus.frontends.grpc.server import GrpcFrontend, GrpcOptions
+from oceanus.core.server import ServerCore
+from oceanus.frontends.grpc.server import GrpcFrontend
 from oceanus.frontends.grpc.service import GrpcService
-from oceanus.frontends.http.app import HttpFrontend
 from oceanus.frontends.http.protocol import HttpServer
-from oceanus.frontends.metrics import (
-    MetricsFrontend,
-    MetricsOptions,
-    parse_metrics_config,
-)
+from oceanus.frontends.metrics import MetricsFrontend, parse_metrics_config
 from oceanus.frontends.metrics.server import enable_latency_recording
 from oceanus.frontends.openai import OpenAIFrontend
 from oceanus.frontends.workers import mirror
@@ -30,6 +25,7 @@ from oceanus.frontends.workers.core_link import CoreLink
 from oceanus.frontends.workers.supervisor import FrontendWorkers, auto_workers, claim_port
 from oceanus.ipc import budget
 from oceanus.logs import configure, table
+from oceanus.parts import core_options, grpc_options, http_frontend, http_server, metrics_options
 from oceanus.settings import Settings
 from oceanus.storage import RepositoryError, RepositorySet
 
@@ -37,24 +33,6 @@ log = logging.getLogger("oceanus.server")
 
 # The start-up model table's widest line (a terminal's width).
 TABLE_WIDTH = 100
-
-# Extensions listed by server metadata (HTTP and gRPC), in Triton 2.51's order. The CUDA shared
-# memory calls are answered (with Triton's errors: no CUDA IPC here), so it is listed too.
-HTTP_EXTENSIONS = [
-    "classification",
-    "sequence",
-    "model_repository",
-    "model_repository(unload_dependents)",
-    "schedule_policy",
-    "model_configuration",
-    "system_shared_memory",
-    "cuda_shared_memory",
-    "binary_tensor_data",
-    "parameters",
-    "statistics",
-    "trace",
-    "logging",
-]
 
 
 def open_repositories(settings: Settings) -> RepositorySet:
@@ -74,56 +52,6 @@ def span_exporter(settings: Settings) -> SpanExporter | None:
     from oceanus.core.observability.tracing_otel import OtlpSpanExporter
 
     return OtlpSpanExporter(settings.trace.mode_options)
-
-
-def core_options(
-    settings: Settings, repositories: RepositorySet, exporter: SpanExporter | None
-) -> CoreOptions:
-    """The core's options from the settings: one place for the process and the in-process
-    API (oceanus/embedded), so both cores behave alike."""
-    return CoreOptions(
-        repositories=repositories.folders,
-        refresh_repositories=repositories.refresh if repositories.mirrors else None,
-        backends=builtin.registry(backend_config=settings.backend_config),
-        autocomplete=settings.autocomplete,
-        strict_readiness=settings.strict_readiness,
-        load_threads=settings.model_load_thread_count or 1,
-        control_mode=settings.model_control_mode,
-        startup_models=settings.load_models,
-        poll_seconds=max(settings.repository_poll_secs, 1),
-        extensions=list(HTTP_EXTENSIONS),
-        trace=settings.trace,
-        span_exporter=exporter,
-        response_cache_size=settings.response_cache_size,
-        rate_limit=settings.rate_limit,
-        rate_limit_resources=settings.rate_limit_resources,
-        model_namespacing=settings.model_namespacing,
-    )
-
-
-def grpc_options(settings: Settings, reuse_port: bool | None = None) -> GrpcOptions:
-    """The gRPC frontend's options from the `--grpc-*` flags."""
-    return GrpcOptions(
-        address=settings.grpc_address,
-        port=settings.grpc_port,
-        reuse_port=settings.reuse_grpc_port if reuse_port is None else reuse_port,
-        keepalive_time_ms=settings.grpc_keepalive_time,
-        keepalive_timeout_ms=settings.grpc_keepalive_timeout,
-        keepalive_permit_without_calls=settings.grpc_keepalive_permit_without_calls,
-        http2_max_pings_without_data=settings.grpc_http2_max_pings_without_data,
-        http2_min_recv_ping_interval_without_data_ms=(
-            settings.grpc_http2_min_recv_ping_interval_without_data
-        ),
-        http2_max_ping_strikes=settings.grpc_http2_max_ping_strikes,
-        max_connection_age_ms=settings.grpc_max_connection_age,
-        max_connection_age_grace_ms=settings.grpc_max_connection_age_grace,
-        restricted=settings.grpc_restricted_protocols,
-        use_ssl=settings.grpc_use_ssl,
-        use_ssl_mutual=settings.grpc_use_ssl_mutual,
-        server_cert=settings.grpc_server_cert,
-        server_key=settings.grpc_server_key,
-        root_cert=settings.grpc_root_cert,
-    )
 
 
 class Server:
@@ -217,7 +145,7 @@ class Server:
         """`--openai-port`: the OpenAI routes alone on their own port (in this process)."""
         settings = self.settings
         assert settings.openai_port is not None
-        self._openai_server = HttpServer(frontend.handle_own_port, settings.http_max_input_size)
+        self._openai_server = http_server(settings, frontend.handle_own_port, busy_poll=False)
         await _listen(
             self._openai_server, settings.http_address, settings.openai_port, "the OpenAI service"
         )
@@ -230,17 +158,8 @@ class Server:
 
     async def _start_http(self, core: ServerCore) -> None:
         settings = self.settings
-        frontend = HttpFrontend(
-            core,
-            settings.http_max_input_size,
-            settings.log,
-            settings.http_restricted_apis,
-            settings.http_header_forward_pattern,
-            self._openai_routes(),
-        )
-        self._http = HttpServer(
-            frontend.handle, settings.http_max_input_size, settings.http_busy_poll_us
-        )
+        frontend = http_frontend(settings, core, self._openai_routes())
+        self._http = http_server(settings, frontend.handle)
         await _listen(self._http, settings.http_address, settings.http_port, "HTTP service")
         log.info("Started HTTPService at %s:%d", settings.http_address, settings.http_port)
 
@@ -268,14 +187,7 @@ class Server:
         """HTTP and gRPC in `count` worker processes; this process keeps the core (issue 16,
         docs/architecture.md "Frontend worker processes")."""
         settings = self.settings = self._claim_ports(self.settings)
-        http = HttpFrontend(
-            core,
-            settings.http_max_input_size,
-            settings.log,
-            settings.http_restricted_apis,
-            settings.http_header_forward_pattern,
-            self._openai_routes(),
-        )
+        http = http_frontend(settings, core, self._openai_routes())
         service = GrpcService(
             core,
             settings.grpc_restricted_protocols,
@@ -331,7 +243,11 @@ class Server:
                 raise SystemExit(
                     f"failed to start GRPC service on {endpoint}: {exc.strerror}"
                 ) from None
-        return dataclasses.replace(settings, http_port=http_port, grpc_port=grpc_port)
+        # A copy, not dataclasses.replace: that would derive a new `log` (and `trace`), and the
+        # logging endpoints must change the one object every frontend holds.
+        claimed = copy.copy(settings)
+        claimed.http_port, claimed.grpc_port = http_port, grpc_port
+        return claimed
 
     async def _stop_grpc(self) -> bool:
         if self._grpc is None:
@@ -350,17 +266,7 @@ class Server:
         settings = self.settings
         self._metrics = MetricsFrontend(
             core,
-            MetricsOptions(
-                address=settings.metrics_address,
-                port=settings.metrics_port,
-                interval_ms=settings.metrics_interval_ms,
-                allow_cpu=settings.allow_cpu_metrics,
-                allow_gpu=settings.allow_gpu_metrics,
-                config=parse_metrics_config(settings.metrics_config),
-                status_page=settings.allow_status_page,
-                server_id=settings.server_id,
-                ports=self._served_ports,
-            ),
+            metrics_options(settings, ports=self._served_ports),
         )
         try:
             await self._metrics.start()

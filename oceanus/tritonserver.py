@@ -24,10 +24,10 @@ from oceanus.embedded.errors import (
     UnsupportedError,
 )
 from oceanus.embedded.model import Model, ModelBatchFlag, ModelTxnPropertyFlag
+from oceanus.embedded.options import settings_from_options
 from oceanus.embedded.requests import InferenceRequest, InferenceResponse
 from oceanus.embedded.server import Server as _EmbeddedServer
 from oceanus.embedded.tensor import DataType, MemoryType, Tensor
-from oceanus.logs import LogSettings
 from oceanus.settings import Settings
 
 __all__ = [
@@ -147,46 +147,44 @@ class Options:
         info = self.log_info or self.log_verbose > 0
         warn = self.log_warn or info
         error = self.log_error or warn
-        cache_size = 0
+        # Triton's option names to the flags' keywords: checked as `oceanus.Server(...)` checks
+        # them, into the same Settings.
         local = self.cache_config.get("local")
-        if local is not None:
-            cache_size = int(local.get("size", 0))
-        metrics_config = {
-            key: str(value)
-            for settings in self.metrics_configuration.values()
-            for key, value in settings.items()
-        }
-        return Settings(
-            model_repositories=list(repositories),
-            server_id=self.server_id,
-            model_control_mode=ModelControlMode(self.model_control_mode).name.lower(),
-            load_models=list(self.startup_models),
-            autocomplete=not self.strict_model_config,
-            rate_limit="execution_count"
-            if self.rate_limiter_mode == RateLimitMode.EXEC_COUNT
-            else "off",
-            rate_limit_resources=[
-                ResourceLimit(r.name, r.count, r.device) for r in self.rate_limiter_resources
-            ],
-            response_cache_size=cache_size,
-            exit_on_error=self.exit_on_error,
-            strict_readiness=self.strict_readiness,
-            exit_timeout_secs=self.exit_timeout,
-            model_load_thread_count=self.model_load_thread_count,
-            model_namespacing=self.model_namespacing,
-            allow_metrics=self.metrics,
-            allow_gpu_metrics=self.gpu_metrics,
-            allow_cpu_metrics=self.cpu_metrics,
-            metrics_interval_ms=self.metrics_interval,
-            metrics_config=metrics_config,
-            log=LogSettings(
-                verbose=self.log_verbose,
-                info=info,
-                warning=warn,
-                error=error,
-                format="ISO8601" if self.log_format == LogFormat.ISO8601 else "default",
-                file=self.log_file or "",
-            ),
+        return settings_from_options(
+            {
+                "model_repository": list(repositories),
+                "id": self.server_id,
+                "model_control_mode": ModelControlMode(self.model_control_mode).name.lower(),
+                "load_model": list(self.startup_models),
+                "strict_model_config": self.strict_model_config,
+                "rate_limit": "execution_count"
+                if self.rate_limiter_mode == RateLimitMode.EXEC_COUNT
+                else "off",
+                "rate_limit_resource": [
+                    ResourceLimit(r.name, r.count, r.device) for r in self.rate_limiter_resources
+                ],
+                "cache_config": [f"local,size={int(local.get('size', 0))}"] if local else [],
+                "exit_on_error": self.exit_on_error,
+                "strict_readiness": self.strict_readiness,
+                "exit_timeout_secs": self.exit_timeout,
+                "model_load_thread_count": self.model_load_thread_count,
+                "model_namespacing": self.model_namespacing,
+                "allow_metrics": self.metrics,
+                "allow_gpu_metrics": self.gpu_metrics,
+                "allow_cpu_metrics": self.cpu_metrics,
+                "metrics_interval_ms": self.metrics_interval,
+                "metrics_config": {
+                    key: str(value)
+                    for settings in self.metrics_configuration.values()
+                    for key, value in settings.items()
+                },
+                "log_verbose": self.log_verbose,
+                "log_info": info,
+                "log_warning": warn,
+                "log_error": error,
+                "log_format": "ISO8601" if self.log_format == LogFormat.ISO8601 else "default",
+                "log_file": self.log_file or "",
+            }
         )
 
 

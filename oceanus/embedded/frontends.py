@@ -15,9 +15,9 @@ from oceanus.embedded.errors import InvalidArgumentError, UnavailableError
 from oceanus.embedded.server import Server
 from oceanus.frontends.grpc.server import GrpcFrontend
 from oceanus.frontends.grpc.service import GrpcService
-from oceanus.frontends.http.app import HttpFrontend
 from oceanus.frontends.http.protocol import HttpServer
-from oceanus.frontends.metrics import MetricsFrontend, MetricsOptions, parse_metrics_config
+from oceanus.frontends.metrics import MetricsFrontend
+from oceanus.parts import grpc_options, http_frontend, http_server, metrics_options
 
 
 class _Service:
@@ -91,14 +91,13 @@ class KServeHttp(_Service):
     async def _start(self) -> None:
         settings = self._server.settings
         options = self.options
-        frontend = HttpFrontend(
+        frontend = http_frontend(
+            settings,
             self._server._require_started(),
-            settings.http_max_input_size,
-            settings.log,
-            options.restricted_apis or settings.http_restricted_apis,
-            options.header_forward_pattern or "",
+            restricted=options.restricted_apis or None,
+            header_forward_pattern=options.header_forward_pattern or "",
         )
-        http = HttpServer(frontend.handle, settings.http_max_input_size, settings.http_busy_poll_us)
+        http = http_server(settings, frontend.handle)
         await http.start(options.address or "0.0.0.0", options.port or 0, options.reuse_port)
         self._http = http
 
@@ -120,16 +119,11 @@ class KServeGrpc(_Service):
 
     def __init__(self, server: Server, options: KServeGrpc.Options | None = None) -> None:
         super().__init__(server)
-        from oceanus.main import grpc_options
-
         options = options or KServeGrpc.Options()
         settings = server.settings
-        base = grpc_options(settings, options.reuse_port)
         self.options = options
-        self._grpc_options = dataclasses.replace(
-            base,
-            address=options.address if options.address is not None else base.address,
-            port=options.port if options.port is not None else base.port,
+        self._grpc_options = grpc_options(
+            settings, options.reuse_port, options.address, options.port
         )
         self._header_forward = (
             options.header_forward_pattern
@@ -181,16 +175,7 @@ class Metrics(_Service):
         settings = self._server.settings
         metrics = MetricsFrontend(
             self._server._require_started(),
-            MetricsOptions(
-                address=self.options.address or "0.0.0.0",
-                port=self.options.port or 0,
-                interval_ms=settings.metrics_interval_ms,
-                allow_cpu=settings.allow_cpu_metrics,
-                allow_gpu=settings.allow_gpu_metrics,
-                config=parse_metrics_config(settings.metrics_config),
-                status_page=settings.allow_status_page,
-                server_id=settings.server_id,
-            ),
+            metrics_options(settings, self.options.address or "0.0.0.0", self.options.port or 0),
         )
         await metrics.start()
         self._metrics = metrics

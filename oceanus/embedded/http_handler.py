@@ -14,6 +14,7 @@ from typing import Any
 from oceanus.embedded.server import Server
 from oceanus.frontends.http.app import HttpFrontend
 from oceanus.frontends.http.protocol import HttpRequest, HttpResponse, Pending, Streamed
+from oceanus.parts import http_frontend
 
 # (status, headers, body) of one answer.
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
@@ -25,13 +26,7 @@ class HttpHandler:
     def __init__(self, server: Server) -> None:
         settings = server.settings
         self._server = server
-        self._frontend = HttpFrontend(
-            server._require_started(),
-            settings.http_max_input_size,
-            settings.log,
-            settings.http_restricted_apis,
-            settings.http_header_forward_pattern,
-        )
+        self._frontend = http_frontend(settings, server._require_started())
 
     async def __call__(
         self, method: str, path: str, headers: dict[bytes, bytes], body: bytes

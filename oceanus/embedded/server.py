@@ -93,7 +93,8 @@ class Server:
         have loaded or failed); with `wait_until_ready`, also until the server is ready."""
         if self._core is not None:
             raise InvalidArgumentError("Server already started")
-        from oceanus.main import core_options, log_model_table, open_repositories, span_exporter
+        from oceanus.main import log_model_table, open_repositories, span_exporter
+        from oceanus.parts import core_options
 
         settings = self.settings
         configure(settings.log)

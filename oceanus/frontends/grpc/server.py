@@ -13,7 +13,7 @@ from typing import Protocol
 
 import grpc
 
-from oceanus.frontends.grpc import health, keepalive
+from oceanus.frontends.grpc import health
 from oceanus.frontends.grpc.methods import SERVICE_NAME
 from oceanus.frontends.grpc_transport.server import H2Server, Limits, ssl_context
 
@@ -25,21 +25,13 @@ MAX_MESSAGE_SIZE = 2**31 - 1
 
 @dataclass
 class GrpcOptions:
-    """What the gRPC frontend is told at start (the `--grpc-*` flags)."""
+    """What the gRPC frontend is told at start (the `--grpc-*` flags, by oceanus/parts.py)."""
 
+    # message size, keepalive, pings and connection age, in seconds
+    limits: Limits
     address: str = "0.0.0.0"
     port: int = 8001
     reuse_port: bool = False
-    keepalive_time_ms: int = keepalive.KEEPALIVE_TIME_MS
-    keepalive_timeout_ms: int = keepalive.KEEPALIVE_TIMEOUT_MS
-    keepalive_permit_without_calls: bool = False
-    http2_max_pings_without_data: int = keepalive.HTTP2_MAX_PINGS_WITHOUT_DATA
-    http2_min_recv_ping_interval_without_data_ms: int = (
-        keepalive.HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS
-    )
-    http2_max_ping_strikes: int = keepalive.HTTP2_MAX_PING_STRIKES
-    max_connection_age_ms: int | None = None
-    max_connection_age_grace_ms: int | None = None
     # category -> (metadata key, value), see frontends/restricted.py
     restricted: dict[str, tuple[str, str]] = field(default_factory=dict)
     use_ssl: bool = False
@@ -49,25 +41,24 @@ class GrpcOptions:
     root_cert: str = ""
 
     def channel_options(self) -> list[tuple[str, int]]:
+        """grpc.aio's options: the same limits, in grpcio's milliseconds."""
+        limits = self.limits
         options = [
-            ("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_SIZE),
+            ("grpc.max_send_message_length", limits.max_message),
+            ("grpc.max_receive_message_length", limits.max_message),
             # grpcio shares ports by default; like Triton, only when asked to
             ("grpc.so_reuseport", int(self.reuse_port)),
-            ("grpc.keepalive_time_ms", self.keepalive_time_ms),
-            ("grpc.keepalive_timeout_ms", self.keepalive_timeout_ms),
-            ("grpc.keepalive_permit_without_calls", int(self.keepalive_permit_without_calls)),
-            ("grpc.http2.max_pings_without_data", self.http2_max_pings_without_data),
-            (
-                "grpc.http2.min_ping_interval_without_data_ms",
-                self.http2_min_recv_ping_interval_without_data_ms,
-            ),
-            ("grpc.http2.max_ping_strikes", self.http2_max_ping_strikes),
+            ("grpc.keepalive_time_ms", _ms(limits.keepalive_time_s)),
+            ("grpc.keepalive_timeout_ms", _ms(limits.keepalive_timeout_s)),
+            ("grpc.keepalive_permit_without_calls", int(limits.permit_without_calls)),
+            ("grpc.http2.max_pings_without_data", limits.max_pings_without_data),
+            ("grpc.http2.min_ping_interval_without_data_ms", _ms(limits.min_ping_interval_s)),
+            ("grpc.http2.max_ping_strikes", limits.max_ping_strikes),
         ]
-        if self.max_connection_age_ms is not None:
-            options.append(("grpc.max_connection_age_ms", self.max_connection_age_ms))
-        if self.max_connection_age_grace_ms is not None:
-            options.append(("grpc.max_connection_age_grace_ms", self.max_connection_age_grace_ms))
+        if limits.max_age_s is not None:
+            options.append(("grpc.max_connection_age_ms", _ms(limits.max_age_s)))
+        if limits.age_grace_s is not None:
+            options.append(("grpc.max_connection_age_grace_ms", _ms(limits.age_grace_s)))
         return options
 
     def credentials(self) -> grpc.ServerCredentials | None:
@@ -97,6 +88,10 @@ class GrpcOptions:
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
         return f"{host}:{self.port}"
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
 
 
 class Servicer(Protocol):
@@ -135,7 +130,7 @@ class GrpcFrontend:
         }
         for method, handler in self.service.health_handlers().items():
             handlers[f"/{health.SERVICE_NAME}/{method}".encode()] = handler
-        server = H2Server(handlers, Limits(options, MAX_MESSAGE_SIZE))
+        server = H2Server(handlers, options.limits)
         try:
             await server.start(
                 options.host, options.port, options.reuse_port, options.ssl_context()

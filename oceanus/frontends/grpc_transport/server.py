@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -22,21 +23,19 @@ import grpc
 from oceanus.frontends.grpc_transport.connection import Connection
 
 
+@dataclass(frozen=True)
 class Limits:
-    """What the connections are told by the frontend's options (GrpcOptions)."""
+    """What the connections enforce, in seconds (oceanus/parts.py converts the flags' ms)."""
 
-    def __init__(self, options: Any, max_message: int) -> None:
-        self.max_message = max_message
-        self.keepalive_time_s = options.keepalive_time_ms / 1000
-        self.keepalive_timeout_s = options.keepalive_timeout_ms / 1000
-        self.permit_without_calls = options.keepalive_permit_without_calls
-        self.max_pings_without_data = options.http2_max_pings_without_data
-        self.min_ping_interval_s = options.http2_min_recv_ping_interval_without_data_ms / 1000
-        self.max_ping_strikes = options.http2_max_ping_strikes
-        age = options.max_connection_age_ms
-        grace = options.max_connection_age_grace_ms
-        self.max_age_s = None if age is None else age / 1000
-        self.age_grace_s = None if grace is None else grace / 1000
+    max_message: int
+    keepalive_time_s: float
+    keepalive_timeout_s: float
+    permit_without_calls: bool
+    max_pings_without_data: int
+    min_ping_interval_s: float
+    max_ping_strikes: int
+    max_age_s: float | None = None
+    age_grace_s: float | None = None
 
 
 class H2Server:
