@@ -1,6 +1,6 @@
 """The floor of gRPC in Python: a server that answers `simple`'s ModelInfer with a precomputed
 response and does nothing else, in one or more processes sharing the port, on either transport:
-Oceanus's h2 one (oceanus/frontends/grpc/h2server.py, the default) or grpc.aio.
+Oceanus's h2 one (oceanus/frontends/grpc_transport/server.py, the default) or grpc.aio.
 
 Whatever Oceanus does per request comes on top of this; bench/workers.py runs it beside Oceanus
 so the ratio of the two shows how much of the gRPC cost is the transport's own.
@@ -22,8 +22,8 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
-from oceanus.frontends.grpc.h2server import H2Server, Limits
 from oceanus.frontends.grpc.server import MAX_MESSAGE_SIZE, GrpcOptions
+from oceanus.frontends.grpc_transport.server import H2Server, Limits
 from oceanus.main import install_uvloop
 
 SERVICE = "inference.GRPCInferenceService"

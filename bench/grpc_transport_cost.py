@@ -1,9 +1,10 @@
 """What one unary gRPC call costs the HTTP/2 layer on the server's side, in process.
 
 A client sends `simple`-sized calls (the headers a gRPC C++ client sends, a 205-byte message)
-to the transport's HTTP/2 layer (oceanus/frontends/grpc/http2.py); the server reads each call
-and answers it with response headers, one message and trailers, as the transport does. Only
-the server's side is timed: `receive`, the sends and `data_to_send`, no sockets, no event loop.
+to the transport's HTTP/2 layer (oceanus/frontends/grpc_transport/framing.py); the server reads
+each call and answers it with response headers, one message and trailers, as the transport
+does. Only the server's side is timed: `receive`, the sends and `data_to_send`, no sockets, no
+event loop.
 That is the part of a gRPC request's cost the transport's framing owns, beside the servicer's.
 
 With the `h2` library installed (the [test] extra) the same workload also runs on an h2 server
@@ -28,8 +29,8 @@ import hpack
 sys.path.insert(0, str(Path(__file__).parent))
 import benchlib
 
-from oceanus.frontends.grpc import http2
-from oceanus.frontends.grpc.h2call import OK_TRAILERS, RESPONSE_HEADERS
+from oceanus.frontends.grpc_transport import framing
+from oceanus.frontends.grpc_transport.call import OK_TRAILERS, RESPONSE_HEADERS
 
 REQUEST_HEADERS = [
     (":method", "POST"),
@@ -48,7 +49,7 @@ def _frame(kind: int, flags: int, stream_id: int, payload: bytes) -> bytes:
     return len(payload).to_bytes(3, "big") + struct.pack(">BBL", kind, flags, stream_id) + payload
 
 
-class _EveryBlockDecoded(http2.Http2):
+class _EveryBlockDecoded(framing.Http2):
     """Without the memory of the last stateless header block: what a client whose headers
     change every call (a grpc-timeout counting down, a request id) costs."""
 
@@ -60,7 +61,7 @@ class _EveryBlockDecoded(http2.Http2):
 class _Answering:
     """The server's connection: answers each call once its request has ended."""
 
-    def __init__(self, kind: type[http2.Http2]) -> None:
+    def __init__(self, kind: type[framing.Http2]) -> None:
         self.conn = kind(self)
 
     def on_end(self, stream_id: int) -> None:
@@ -91,23 +92,23 @@ class _Answering:
         pass
 
 
-def ours_us_per_call(calls: int, kind: type[http2.Http2] = http2.Http2) -> float:
+def ours_us_per_call(calls: int, kind: type[framing.Http2] = framing.Http2) -> float:
     server = _Answering(kind)
     server.conn.initiate()
     server.conn.data_to_send()
     # The client opens its windows wide once, so it never has to answer the server's DATA.
-    settings = struct.pack(">HL", http2.INITIAL_WINDOW_SIZE, http2.MAX_WINDOW)
-    opening = _frame(http2.SETTINGS, 0, 0, settings) + _frame(
-        http2.WINDOW_UPDATE, 0, 0, (http2.MAX_WINDOW - 65535).to_bytes(4, "big")
+    settings = struct.pack(">HL", framing.INITIAL_WINDOW_SIZE, framing.MAX_WINDOW)
+    opening = _frame(framing.SETTINGS, 0, 0, settings) + _frame(
+        framing.WINDOW_UPDATE, 0, 0, (framing.MAX_WINDOW - 65535).to_bytes(4, "big")
     )
-    server.conn.receive(http2.PREFACE + opening)
+    server.conn.receive(framing.PREFACE + opening)
     server.conn.data_to_send()
     encoder = hpack.Encoder()
     spent = 0.0
     for call in range(calls):
         stream = 2 * call + 1
-        wire = _frame(http2.HEADERS, http2.END_HEADERS, stream, encoder.encode(REQUEST_HEADERS))
-        wire += _frame(http2.DATA, http2.END_STREAM, stream, MESSAGE)
+        wire = _frame(framing.HEADERS, framing.END_HEADERS, stream, encoder.encode(REQUEST_HEADERS))
+        wire += _frame(framing.DATA, framing.END_STREAM, stream, MESSAGE)
         start = time.perf_counter()
         server.conn.receive(wire)
         answer = server.conn.data_to_send()
@@ -166,7 +167,7 @@ def main() -> int:
     args = parser.parse_args()
     load_before = benchlib.loadavg()
     parts: dict[str, Callable[[int], float]] = {
-        "ours (http2.py), server side": ours_us_per_call,
+        "ours (framing.py), server side": ours_us_per_call,
         "ours, every header block decoded": lambda n: ours_us_per_call(n, _EveryBlockDecoded),
     }
     if importlib.util.find_spec("h2") is not None:

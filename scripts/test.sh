@@ -30,7 +30,7 @@ fi
 started=$SECONDS
 python3 -m ruff check .
 python3 -m ruff format --check .
-python3 -m mypy oceanus bench
+python3 -m mypy oceanus bench tools
 lint-imports
 status=0
 # Every server with two frontend worker processes (the default, auto, runs none on a 2-CPU CI

@@ -1,5 +1,5 @@
 """The gRPC frontend's server on the running event loop, with Triton's options: our HTTP/2
-transport (h2server.py) by default, grpc.aio when OCEANUS_GRPC_TRANSPORT=grpcio."""
+transport (frontends/grpc_transport/) by default, grpc.aio when OCEANUS_GRPC_TRANSPORT=grpcio."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Protocol
 import grpc
 
 from oceanus.frontends.grpc import health, keepalive
-from oceanus.frontends.grpc.h2server import H2Server, Limits, ssl_context
 from oceanus.frontends.grpc.methods import SERVICE_NAME
+from oceanus.frontends.grpc_transport.server import H2Server, Limits, ssl_context
 
 log = logging.getLogger("oceanus.grpc")
 

@@ -1,4 +1,6 @@
-"""`inference.GRPCInferenceService` and `grpc.health.v1.Health` over the core, for grpc.aio.
+"""`inference.GRPCInferenceService` and `grpc.health.v1.Health` over the core, as
+`grpc.RpcMethodHandler`s: served by our HTTP/2 transport (frontends/grpc_transport/), or by
+grpc.aio when OCEANUS_GRPC_TRANSPORT=grpcio; the handlers cannot tell which.
 
 Every RPC calls the same core methods the HTTP frontend calls; this module only turns protobuf
 messages into those calls and back, and core errors into gRPC statuses (errors.py). System shared
@@ -83,7 +85,7 @@ async def _relay(
 
 
 class GrpcService:
-    """The RPC handlers; `method_handlers()` registers them with a grpc.aio server."""
+    """The RPC handlers; `method_handlers()` gives them to server.py's server, either transport."""
 
     def __init__(
         self,
@@ -290,7 +292,7 @@ class GrpcService:
     async def model_infer(self, data: bytes, context: Context) -> bytes:
         """ModelInfer: the hot path. Takes and returns message bytes (see codec.py).
 
-        If the client cancels, grpc.aio cancels this task, which cancels the core's future: a
+        If the client cancels, the transport cancels this task, which cancels the core's future: a
         request still queued leaves the queue.
         """
         try:
@@ -324,7 +326,7 @@ class GrpcService:
 
     async def _traced_infer(self, request: InferRequest, context: Context) -> bytes:
         """ModelInfer for a request that may be traced: the handler's start stands for
-        GRPC_WAITREAD_START/END (grpc.aio has read the message by then); GRPC_SEND_END is
+        GRPC_WAITREAD_START/END (the transport has read the message by then); GRPC_SEND_END is
         when the call completes."""
         tracer = self.core.tracer
         traceparent = None

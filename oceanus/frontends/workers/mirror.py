@@ -10,7 +10,7 @@ answer. A request the worker finds invalid goes to the core unmarked, and the co
 with the status and words it always used: errors are never worded in the worker.
 
 For a version that uses the response cache the worker also hashes the request
-(response_cache.request_key, the very function the core would run) and sends the key beside the
+(prechecks.request_key, the very function the core would run) and sends the key beside the
 serial: hashing the inputs is the cache's one cost that grows with the request, and it is paid in
 the worker. The core uses the key only with a matching serial, as it does the validation.
 """
@@ -21,10 +21,9 @@ from typing import Any, NamedTuple
 
 from oceanus.core import datatypes
 from oceanus.core.model import ModelVersion
-from oceanus.core.response_cache import cacheable, request_key
+from oceanus.core.prechecks import TensorSpec, cacheable, request_key, validate_request
 from oceanus.core.server import ServerCore
 from oceanus.core.types import InferRequest
-from oceanus.core.validation import TensorSpec, validate_request
 
 # The wire form of one version: (serial, name, max_batch_size, inputs, outputs, version_str,
 # cached), each tensor (name, datatype, dims, optional): plain values, as marshal carries them.

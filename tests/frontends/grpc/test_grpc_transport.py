@@ -1,4 +1,4 @@
-"""The gRPC frontend's HTTP/2 transport (frontends/grpc/h2server.py): deadlines, compression,
+"""The gRPC frontend's HTTP/2 transport (frontends/grpc_transport/): deadlines, compression,
 keepalive and ping policy, connection age, broken peers; its wire helpers in process."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 
 from oceanus.examples import example_repository
-from oceanus.frontends.grpc.h2call import (
+from oceanus.frontends.grpc_transport.call import (
     MessageError,
     MessageReader,
     metadata_of,

@@ -1,5 +1,5 @@
-"""The gRPC transport's HTTP/2 framing (frontends/grpc/http2.py), in process: frames as a
-client sends them, cut anywhere, and each error with the code RFC 9113 names."""
+"""The gRPC transport's HTTP/2 framing (frontends/grpc_transport/framing.py), in process: frames
+as a client sends them, cut anywhere, and each error with the code RFC 9113 names."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from oceanus.frontends.grpc import http2
-from oceanus.frontends.grpc.http2 import ConnectionError_, Http2
+from oceanus.frontends.grpc_transport import framing
+from oceanus.frontends.grpc_transport.framing import ConnectionError_, Http2
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 REQUEST = [
@@ -28,7 +28,7 @@ MESSAGE = b"\0" + (10).to_bytes(4, "big") + b"0123456789"
 
 
 def raw_frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
-    """A frame as RFC 9113 4.1 lays it out, built here independently of http2.frame."""
+    """A frame as RFC 9113 4.1 lays it out, built here independently of framing.frame."""
     return len(payload).to_bytes(3, "big") + struct.pack(">BBL", kind, flags, stream_id) + payload
 
 
@@ -55,7 +55,7 @@ def frames_of(data: bytes) -> list[tuple[int, int, int, bytes]]:
 
 
 class Recorder:
-    """The connection's side of http2.Events, writing down what it is told."""
+    """The connection's side of framing.Events, writing down what it is told."""
 
     def __init__(self) -> None:
         self.events: list[tuple[Any, ...]] = []
@@ -146,7 +146,7 @@ def test_the_server_answers_settings_and_pings_and_ignores_priority_and_unknown_
     conn.receive(raw_frame(2, 0, 5, bytes(5)) + raw_frame(0xEE, 0xFF, 7, b"whatever"))
     assert conn.data_to_send() == b""
     assert recorder.events == [("window", 0), ("ping",)]
-    assert error_of(conn, raw_frame(6, 0, 0, b"1234")) == http2.FRAME_SIZE_ERROR
+    assert error_of(conn, raw_frame(6, 0, 0, b"1234")) == framing.FRAME_SIZE_ERROR
 
 
 def test_continuation_carries_a_header_block() -> None:
@@ -164,9 +164,9 @@ def test_a_header_block_interrupted_or_continued_out_of_place_is_a_protocol_erro
     block = hpack.Encoder().encode(REQUEST)
     conn, _ = opened()
     interrupted = raw_frame(1, 0, 1, block[:5]) + raw_frame(6, 0, 0, bytes(8))
-    assert error_of(conn, interrupted) == http2.PROTOCOL_ERROR
+    assert error_of(conn, interrupted) == framing.PROTOCOL_ERROR
     conn, _ = opened()
-    assert error_of(conn, raw_frame(9, 0x4, 1, block)) == http2.PROTOCOL_ERROR
+    assert error_of(conn, raw_frame(9, 0x4, 1, block)) == framing.PROTOCOL_ERROR
 
 
 def test_padding_and_priority_are_taken_off_headers_and_data() -> None:
@@ -180,14 +180,14 @@ def test_padding_and_priority_are_taken_off_headers_and_data() -> None:
     assert recorder.events == [("request", 1, REQUEST), ("data", 1, MESSAGE), ("end", 1)]
     conn, _ = opened()
     too_much = raw_frame(1, 0x4 | 0x8, 1, bytes((len(block) + 1,)) + block)
-    assert error_of(conn, too_much) == http2.PROTOCOL_ERROR
+    assert error_of(conn, too_much) == framing.PROTOCOL_ERROR
 
 
 def test_a_frame_past_our_max_frame_size_is_refused_from_its_header() -> None:
     conn, _ = opened()
     head = raw_frame(0, 0, 1)[3:]
-    assert error_of(conn, (http2.MAX_FRAME + 1).to_bytes(3, "big") + head) == (
-        http2.FRAME_SIZE_ERROR
+    assert error_of(conn, (framing.MAX_FRAME + 1).to_bytes(3, "big") + head) == (
+        framing.FRAME_SIZE_ERROR
     )
 
 
@@ -196,22 +196,22 @@ def test_a_frame_past_our_max_frame_size_is_refused_from_its_header() -> None:
 )
 def test_a_bad_preface_is_a_protocol_error(wire: bytes) -> None:
     conn, _ = server()
-    assert error_of(conn, wire) == http2.PROTOCOL_ERROR
+    assert error_of(conn, wire) == framing.PROTOCOL_ERROR
 
 
 def test_windows_past_2_31_are_flow_control_errors() -> None:
     conn, _ = opened()
-    assert error_of(conn, window_update(0, 2**31 - 1)) == http2.FLOW_CONTROL_ERROR
+    assert error_of(conn, window_update(0, 2**31 - 1)) == framing.FLOW_CONTROL_ERROR
     conn, _ = opened()
     too_big = raw_frame(4, 0, 0, struct.pack(">HL", 4, 2**31))
-    assert error_of(conn, too_big) == http2.FLOW_CONTROL_ERROR
+    assert error_of(conn, too_big) == framing.FLOW_CONTROL_ERROR
     # on a stream: a stream error, the call gone, the connection kept
     conn, recorder = opened()
     conn.receive(raw_frame(1, 0x4, 1, hpack.Encoder().encode(REQUEST)))
     conn.receive(window_update(1, 2**31 - 1))
     assert frames_of(conn.data_to_send()) == [(3, 0, 1, (3).to_bytes(4, "big"))]
     assert recorder.events[-1] == ("reset", 1)
-    assert error_of(conn, window_update(0, 0)) == http2.PROTOCOL_ERROR
+    assert error_of(conn, window_update(0, 0)) == framing.PROTOCOL_ERROR
 
 
 def test_window_updates_both_ways() -> None:
@@ -225,13 +225,13 @@ def test_window_updates_both_ways() -> None:
     assert ("window", 1) in recorder.events
     conn.data_to_send()
     # receiving: a WINDOW_UPDATE for the connection and the stream once half is consumed
-    chunk = raw_frame(0, 0, 1, bytes(http2.MAX_FRAME))
-    for _ in range(http2.WINDOW // 2 // http2.MAX_FRAME - 1):
+    chunk = raw_frame(0, 0, 1, bytes(framing.MAX_FRAME))
+    for _ in range(framing.WINDOW // 2 // framing.MAX_FRAME - 1):
         conn.receive(chunk)
     assert conn.data_to_send() == b""
     conn.receive(chunk)
     sent = frames_of(conn.data_to_send())
-    half = (http2.WINDOW // 2).to_bytes(4, "big")
+    half = (framing.WINDOW // 2).to_bytes(4, "big")
     assert sent == [(8, 0, 0, half), (8, 0, 1, half)]
 
 
@@ -239,43 +239,43 @@ def test_data_past_the_window_is_a_flow_control_error() -> None:
     conn, _ = opened()
     conn.receive(raw_frame(1, 0x4, 1, hpack.Encoder().encode(REQUEST)))
     conn.receive(raw_frame(1, 0x4, 3, hpack.Encoder().encode(REQUEST)))
-    conn._unacked = http2.WINDOW - 10  # as if the client had ignored our WINDOW_UPDATEs
-    assert error_of(conn, raw_frame(0, 0, 3, bytes(11))) == http2.FLOW_CONTROL_ERROR
+    conn._unacked = framing.WINDOW - 10  # as if the client had ignored our WINDOW_UPDATEs
+    assert error_of(conn, raw_frame(0, 0, 3, bytes(11))) == framing.FLOW_CONTROL_ERROR
 
 
 def test_a_header_block_over_the_limit_is_refused() -> None:
     big = hpack.Encoder().encode([*REQUEST, (b"x-huge", b"v" * (70 << 10))], huffman=False)
     conn, _ = opened()
-    assert error_of(conn, raw_frame(1, 0x4, 1, big)) == http2.ENHANCE_YOUR_CALM
+    assert error_of(conn, raw_frame(1, 0x4, 1, big)) == framing.ENHANCE_YOUR_CALM
     conn, _ = opened()
     pieces = raw_frame(1, 0, 1, big[:1000]) + b"".join(
         raw_frame(9, 0, 1, big[i : i + 16384]) for i in range(1000, len(big), 16384)
     )
-    assert error_of(conn, pieces) == http2.ENHANCE_YOUR_CALM
+    assert error_of(conn, pieces) == framing.ENHANCE_YOUR_CALM
     # small on the wire, a header list past 64 KiB once decoded (the hpack decoder's limit)
     conn, _ = opened()
     listed = hpack.Encoder().encode([*REQUEST, (b"x-big", b"v" * (64 << 10))], huffman=True)
-    assert len(listed) < http2.MAX_HEADER_BLOCK
-    assert error_of(conn, raw_frame(1, 0x4, 1, listed)) == http2.ENHANCE_YOUR_CALM
+    assert len(listed) < framing.MAX_HEADER_BLOCK
+    assert error_of(conn, raw_frame(1, 0x4, 1, listed)) == framing.ENHANCE_YOUR_CALM
     # a CONTINUATION flood: empty frames that never end the block
     conn, _ = opened()
     flood = raw_frame(1, 0, 1, b"") + raw_frame(9, 0, 1, b"") * 100
-    assert error_of(conn, flood) == http2.ENHANCE_YOUR_CALM
+    assert error_of(conn, flood) == framing.ENHANCE_YOUR_CALM
 
 
 def test_stream_ids_must_be_odd_and_increasing() -> None:
     encoder = hpack.Encoder()
     conn, _ = opened()
     conn.receive(one_call(encoder, 3))
-    assert error_of(conn, one_call(encoder, 1)) == http2.PROTOCOL_ERROR
+    assert error_of(conn, one_call(encoder, 1)) == framing.PROTOCOL_ERROR
     conn, _ = opened()
-    assert error_of(conn, one_call(hpack.Encoder(), 2)) == http2.PROTOCOL_ERROR
+    assert error_of(conn, one_call(hpack.Encoder(), 2)) == framing.PROTOCOL_ERROR
 
 
 def test_data_on_idle_closed_and_reset_streams() -> None:
     encoder = hpack.Encoder()
     conn, recorder = opened()
-    assert error_of(conn, raw_frame(0, 0, 1, MESSAGE)) == http2.PROTOCOL_ERROR  # idle
+    assert error_of(conn, raw_frame(0, 0, 1, MESSAGE)) == framing.PROTOCOL_ERROR  # idle
     conn, recorder = opened()
     conn.receive(one_call(encoder, 1))  # the client has ended stream 1
     conn.receive(raw_frame(0, 0, 1, MESSAGE))
@@ -326,7 +326,7 @@ def test_a_repeated_block_is_decoded_against_the_table_as_it_is_now() -> None:
 
 def test_a_broken_hpack_block_is_a_compression_error() -> None:
     conn, _ = opened()
-    assert error_of(conn, raw_frame(1, 0x5, 1, b"\xff\xff\xff")) == http2.COMPRESSION_ERROR
+    assert error_of(conn, raw_frame(1, 0x5, 1, b"\xff\xff\xff")) == framing.COMPRESSION_ERROR
 
 
 def test_rst_stream_from_the_client_ends_the_call_and_goaway_is_seen() -> None:
@@ -336,7 +336,7 @@ def test_rst_stream_from_the_client_ends_the_call_and_goaway_is_seen() -> None:
     assert recorder.events[-1] == ("reset", 1) and conn.window(1) == 0
     conn.receive(raw_frame(7, 0, 0, bytes(8)))
     assert recorder.events[-1] == ("goaway",)
-    assert error_of(conn, raw_frame(3, 0, 9, bytes(4))) == http2.PROTOCOL_ERROR  # idle
+    assert error_of(conn, raw_frame(3, 0, 9, bytes(4))) == framing.PROTOCOL_ERROR  # idle
 
 
 _STREAMS = st.sampled_from([0, 1, 3, 5, 2, 0x7FFFFFFF])
@@ -387,10 +387,10 @@ def test_any_frames_end_in_events_or_a_connection_error(
             conn.receive(wire[start : start + cut])
     except ConnectionError_ as exc:
         assert exc.code in {
-            http2.PROTOCOL_ERROR,
-            http2.FLOW_CONTROL_ERROR,
-            http2.FRAME_SIZE_ERROR,
-            http2.COMPRESSION_ERROR,
-            http2.ENHANCE_YOUR_CALM,
+            framing.PROTOCOL_ERROR,
+            framing.FLOW_CONTROL_ERROR,
+            framing.FRAME_SIZE_ERROR,
+            framing.COMPRESSION_ERROR,
+            framing.ENHANCE_YOUR_CALM,
         }
     conn.data_to_send()

@@ -16,7 +16,7 @@ import grpc
 from oceanus.frontends.compression import inflate
 
 if TYPE_CHECKING:
-    from oceanus.frontends.grpc.h2connection import Connection
+    from oceanus.frontends.grpc_transport.connection import Connection
 
 # Headers of a request that grpcio does not hand to the servicer as metadata.
 _NOT_METADATA = frozenset(

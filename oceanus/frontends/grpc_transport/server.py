@@ -1,11 +1,9 @@
-"""gRPC over HTTP/2 on the event loop, with our own framing (http2.py): the gRPC transport.
+"""The transport's server: gRPC over HTTP/2 on the event loop, with our own framing (framing.py).
 
-Why not grpc.aio: its per-call cost was the gRPC frontend's ceiling. The same echo servicer
-answered 4,850 calls/s on grpc.aio and 9,700 on this transport's first version, on the `h2`
-library (perf_analyzer -i grpc, c=16, 2 vCPUs; `python bench/grpc_echo.py --transport`); on
-our own framing `simple` itself serves 11,900 infer/s (bench/README.md). Handlers are the same
-`grpc.RpcMethodHandler`s grpc.aio takes, and see the few context methods they use
-(h2call.Call), so the servicers do not know which transport serves them.
+Why not grpc.aio: its per-call cost was the gRPC frontend's ceiling (bench/grpc_echo.py measures
+both transports; bench/README.md has the figures). Handlers are the same
+`grpc.RpcMethodHandler`s grpc.aio takes, and see the few context methods they use (call.Call),
+so the servicers do not know which transport serves them.
 
 Per connection: one asyncio Protocol and its HTTP/2 state. A unary call's handler runs as a
 task once its request has arrived; a streaming call's at once. Everything a loop iteration
@@ -21,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from oceanus.frontends.grpc.h2connection import Connection
+from oceanus.frontends.grpc_transport.connection import Connection
 
 
 class Limits:

@@ -1,4 +1,4 @@
-"""One client connection of the gRPC transport: its HTTP/2 state (http2.py), its calls, their
+"""One client connection of the gRPC transport: its HTTP/2 state (framing.py), its calls, their
 flow control, keepalive and grpc core's ping policy, connection age and going away."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, cast
 
 import grpc
 
-from oceanus.frontends.grpc import http2
-from oceanus.frontends.grpc.h2call import (
+from oceanus.frontends.grpc_transport import framing
+from oceanus.frontends.grpc_transport.call import (
     OK_TRAILERS,
     RESPONSE_HEADERS,
     Call,
@@ -25,7 +25,7 @@ from oceanus.frontends.grpc.h2call import (
 )
 
 if TYPE_CHECKING:
-    from oceanus.frontends.grpc.h2server import H2Server
+    from oceanus.frontends.grpc_transport.server import H2Server
 
 log = logging.getLogger("oceanus.grpc")
 
@@ -42,7 +42,7 @@ class Connection(asyncio.Protocol):
         self._limits = server.limits
         self._handlers = server.handlers
         self._loop = asyncio.get_running_loop()
-        self._h2 = http2.Http2(self)
+        self._h2 = framing.Http2(self)
         self._calls: dict[int, Call] = {}
         self._transport: asyncio.Transport | None = None
         self._flush_scheduled = False
@@ -89,7 +89,7 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self._h2.receive(data)
-        except http2.ConnectionError_ as exc:
+        except framing.ConnectionError_ as exc:
             log.debug("gRPC connection from %s: HTTP/2 error %d: %s", self.peer, exc.code, exc)
             self._h2.goaway(exc.code)
             self._flush()
@@ -107,7 +107,7 @@ class Connection(asyncio.Protocol):
 
     # ---- requests -----------------------------------------------------------------------
 
-    # ---- http2.Events ---------------------------------------------------------------------
+    # ---- framing.Events ---------------------------------------------------------------------
 
     def on_request(self, stream_id: int, headers: list[tuple[bytes, bytes]]) -> None:
         path = b""
@@ -122,7 +122,7 @@ class Connection(asyncio.Protocol):
                 encoding = value
         handler = self._handlers.get(path)
         if self._going_away:
-            self._h2.reset(stream_id, http2.REFUSED_STREAM)
+            self._h2.reset(stream_id, framing.REFUSED_STREAM)
             return
         if handler is None:
             self._trailers_only(stream_id, grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
@@ -404,7 +404,7 @@ class Connection(asyncio.Protocol):
             return
         self._ping_strikes += 1
         if self._ping_strikes > limits.max_ping_strikes > 0:
-            self._h2.goaway(http2.ENHANCE_YOUR_CALM, b"too_many_pings")
+            self._h2.goaway(framing.ENHANCE_YOUR_CALM, b"too_many_pings")
             self._flush()
             self._close()
 
@@ -419,7 +419,7 @@ class Connection(asyncio.Protocol):
         if self._transport is None or self._going_away:
             return
         self._going_away = True
-        self._h2.goaway(http2.NO_ERROR)
+        self._h2.goaway(framing.NO_ERROR)
         self._flush()
         if not self._calls:
             self._drained.set()

@@ -2,8 +2,8 @@
 
 Only what a gRPC server needs: client streams, no push, no priorities (parsed and ignored),
 flow control both ways. Events go straight to the connection's methods (`Events`) instead of
-event objects: the general `h2` state machine cost ~88 µs per unary call on the server's side
-(bench/grpc_transport_cost.py), most of a gRPC request's cost beside the servicer's.
+event objects: the general `h2` state machine was most of a gRPC request's cost beside the
+servicer's (bench/grpc_transport_cost.py measures both).
 
 Errors: a connection error raises `ConnectionError_`; the caller sends `goaway(code)` and
 closes. A stream error resets that stream (RST_STREAM) and tells the connection it is gone.
