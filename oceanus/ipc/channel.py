@@ -4,7 +4,8 @@ A message is a tuple of plain values (str, int, float, bool, bytes, None, tuples
 encoded with `marshal` (both ends run the same interpreter) and framed by a 4-byte length. Typed
 messages are NamedTuples registered in a `MessageKinds`: on the wire each is its plain tuple,
 whose last field, `kind`, tells the reader which NamedTuple to rebuild (one C call, no copy of
-the fields), so typing a message costs next to nothing (bench/ipc_messages.py measures it).
+the fields), so typing a message costs next to nothing
+(bench/investigations/ipc_messages.py measures it).
 """
 
 from __future__ import annotations

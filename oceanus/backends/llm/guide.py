@@ -3,7 +3,8 @@
 `guided_decoding` in `sampling_parameters` is what Triton's OpenAI frontend sends its vLLM
 backend: a JSON object (or its text) of vLLM's GuidedDecodingParams, of which `json` (a JSON
 schema), `json_object` (any JSON object), `regex`, `choice` (a list of strings) and `grammar`
-(Lark) are read. Why llguidance (bench/grammar.py, docs/openai.md): no dependencies of its own
+(Lark) are read. Why llguidance (bench/investigations/grammar.py, docs/openai.md): no
+dependencies of its own
 (xgrammar pulls torch, transformers and the GPU `triton` package), it compiles a schema for our
 tokenizers in ~8 ms, and its mask costs ~10 us a token, nothing beside a decoding step.
 """

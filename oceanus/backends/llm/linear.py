@@ -2,7 +2,7 @@
 
 PyTorch's CPU `F.linear` runs on MKL, which on this project's AMD EPYC machines takes ~1.5x
 (one thread) to ~2.5x (decode shapes) longer than oneDNN with a pre-reordered weight: the
-matmuls are most of a decode step (docs/llm.md, "Where a decode step goes"). oneDNN is what
+matmuls are most of a decode step (bench/results/2026-12-04-llm-engine.md). oneDNN is what
 OpenVINO runs on too. The weights are reordered once into oneDNN's blocked layout, so a packed
 module keeps no plain `weight`: only its forward may read it. Results differ from MKL's by
 float rounding (~1e-6), not more."""

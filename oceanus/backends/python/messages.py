@@ -3,7 +3,8 @@
 Each is a NamedTuple whose last field, `kind`, is its number on the wire (senders never write
 it). On the wire a message is its plain tuple framed with `marshal` (oceanus.ipc.channel); the
 reader rebuilds the NamedTuple from the number at the end with one `tuple.__new__`, so the typed
-messages cost what the old tagged tuples cost (bench/ipc_messages.py). Tensor data never travels
+messages cost what the old tagged tuples cost (bench/investigations/ipc_messages.py). Tensor
+data never travels
 in a message: `location` names a block of a shared-memory ring (or a one-off file) and `descs`
 describe the tensors in it (oceanus.ipc.tensors.TensorDesc). Nested values stay plain tuples,
 typed by the aliases here.

@@ -7,8 +7,8 @@ same model with `oceanus_in_process`. Per request it gives the wall time at conc
 (event loop, instance thread, the rest), and the voluntary context switches (each one sleep, so
 one wake-up paid later), read from /proc before and after a fixed number of requests.
 
-    python bench/python_budget.py [--requests 5000] [--rounds 3] [--trees ../main,.]
-    python bench/python_budget.py --child --requests 20000 --hold 10   # for py-spy / strace
+    python bench/investigations/python_budget.py [--requests 5000] [--rounds 3] [--trees ../main,.]
+    python bench/investigations/python_budget.py --child --requests 20000 --hold 10  # py-spy
 
 With `--trees A,B` each round runs once per tree (PYTHONPATH=<tree>), alternating; the table
 gives medians and the ratio B/A. `--hold S`: the child prints its pid and the stub's, waits S
@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent
+BENCH_DIR = Path(__file__).resolve().parent.parent  # bench/
 sys.path.insert(0, str(BENCH_DIR))
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -151,7 +151,7 @@ def _child(requests: int, models: list[str], hold: float) -> None:
 
 def _run_tree(tree: Path, requests: int, models: list[str]) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    command = [sys.executable, str(BENCH_DIR / "python_budget.py"), "--child"]
+    command = [sys.executable, str(BENCH_DIR / "investigations" / "python_budget.py"), "--child"]
     command += ["--requests", str(requests), "--models", ",".join(models)]
     # The stub starts with `python -m`, which puts the working directory before PYTHONPATH:
     # from the tree's root, it runs that tree's stub.

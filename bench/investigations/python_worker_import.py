@@ -4,7 +4,7 @@ A stub process imports `oceanus.backends.python.pb_stub` (and nothing of the ser
 tritonclient, no core beyond datatypes) before it can import model.py. This times that import
 in new interpreters, alternating between checkouts so that the machine's noise hits them alike:
 
-    python bench/python_worker_import.py [--runs 15] [OTHER_CHECKOUT ...]
+    python bench/investigations/python_worker_import.py [--runs 15] [OTHER_CHECKOUT ...]
 
 Each checkout (this one first) is put first on PYTHONPATH. Prints the median and the best of
 `-X importtime`'s cumulative figure for the module and the whole interpreter's wall time.
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: benchlib
 import benchlib
 
 MODULE = "oceanus.backends.python.pb_stub"

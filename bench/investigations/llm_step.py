@@ -1,7 +1,8 @@
 """Time one decode step of the CPU LLM engine: `batch` running sequences, each past a prompt of
 random length, one token each, in process (no server, no sampling loop around it).
 
-    python bench/llm_step.py [--size 100m] [--batch 32] [--context 32,512] [--steps 20]
+    python bench/investigations/llm_step.py [--size 100m] [--batch 32] [--context 32,512]
+        [--steps 20]
                              [--threads N] [--profile] [--compare onednn_linears|row_attention|
                              fused_mlp|both] [--dtype float32[,bfloat16]]
 
@@ -141,7 +142,7 @@ def main() -> None:
         }
     if len(engines) > 1:
         print(f"same greedy tokens in every variant: {same}")
-    out = Path(__file__).parent / "results" / f"llm-step-{args.size}.json"
+    out = Path(__file__).resolve().parent.parent / "results" / f"llm-step-{args.size}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
 

@@ -2,7 +2,8 @@
 of 64): the engine's row-by-row SDPA (attention.py) against one call per length bucket over the
 bucket's rows gathered and padded to its longest, masked (SDPA, or matmul-softmax-matmul).
 
-    python bench/llm_attention.py [--batch 32] [--context 32,512] [--reps 20] [--threads N]
+    python bench/investigations/llm_attention.py [--batch 32] [--context 32,512] [--reps 20]
+        [--threads N]
 
 Prints the median ms of one decode pass's attention (12 layers, each its own cache tensors) per
 variant, alternated, whether each equals the row path bitwise, the per-call floor (every row one
@@ -127,7 +128,7 @@ def main() -> None:
         f"threads {torch.get_num_threads()}: memory read {read_gbs:.1f} GB/s (sum of 256 MB); "
         f"the row path reads {row_bytes / 1e6:.0f} MB of cache at {row_gbs:.1f} GB/s"
     )
-    out = Path(__file__).parent / "results" / "llm-attention.json"
+    out = Path(__file__).resolve().parent.parent / "results" / "llm-attention.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
 

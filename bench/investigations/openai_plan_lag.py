@@ -4,7 +4,7 @@ on the loop, in a worker thread with `Tokenizer.encode` (holds the GIL), and in 
 with `encode_batch` (lets go of it; what the frontend does). A probe coroutine sleeping 1 ms
 records the worst overshoot per burst; the plans must come out identical.
 
-    python bench/openai_plan_lag.py [--size 100m] [--burst 32] [--repeats 20]
+    python bench/investigations/openai_plan_lag.py [--size 100m] [--burst 32] [--repeats 20]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: benchlib
 import benchlib
 from llm_inproc import make_jobs
 

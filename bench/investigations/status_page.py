@@ -1,7 +1,7 @@
 """What the status page costs the server: the per-request cost of the recent latency window
 (only once a page has asked for it), and the time to build one /status.json document.
 
-    python bench/status_page.py [--models 20] [--requests 200000]
+    python bench/investigations/status_page.py [--models 20] [--requests 200000]
 
 Prints a table and writes bench/results/status_page.json.
 """
@@ -21,7 +21,7 @@ from oceanus.core.observability.custom_metrics import CustomMetricRegistry
 from oceanus.core.observability.statistics import ModelStatistics
 from oceanus.frontends.metrics.status import RECENT_WINDOW_S, models
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 
 def per_request_ns(stats: ModelStatistics, requests: int) -> float:

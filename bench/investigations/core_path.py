@@ -7,7 +7,7 @@ core/clock.py) measured before and after, side by side. With `--trees A,B` each 
 script once per tree (PYTHONPATH=<tree>), alternating, so machine noise hits both alike; the table
 gives medians and the ratio B/A.
 
-    python bench/core_path.py [--requests 20000] [--rounds 5] [--trees ../main,.]
+    python bench/investigations/core_path.py [--requests 20000] [--rounds 5] [--trees ../main,.]
 
 Phases per run: `simple` at concurrency 1 (µs per request: validation, queue, in-place
 execution of a tiny ONNX graph, response), `simple_dyna` at concurrency 16 (requests/s, batches
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
+BENCH_DIR = Path(__file__).resolve().parent.parent  # bench/
 
 
 async def _measure(requests: int) -> dict[str, float]:
@@ -89,7 +89,13 @@ def _child(requests: int) -> None:
 def _run_tree(tree: Path, requests: int) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     output = subprocess.run(
-        [sys.executable, str(BENCH_DIR / "core_path.py"), "--child", "--requests", str(requests)],
+        [
+            sys.executable,
+            str(BENCH_DIR / "investigations" / "core_path.py"),
+            "--child",
+            "--requests",
+            str(requests),
+        ],
         env=env,
         check=True,
         capture_output=True,

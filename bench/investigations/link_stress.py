@@ -4,7 +4,7 @@ has served `--requests`; fails when a window reports an error, the requests stop
 log says a link message failed or a ring is corrupt (msgring.RingCorrupt logs the offsets, head,
 tail and the bytes there).
 
-    python bench/link_stress.py [--requests 200000] [--workers 2] [--concurrency 16]
+    python bench/investigations/link_stress.py [--requests 200000] [--workers 2] [--concurrency 16]
                                 [--protocol http] [--rings 1]
 """
 
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: benchlib
 import benchlib
 import perf
 

@@ -15,7 +15,7 @@ Then one socketpair, one thread (send 64, receive 64, repeated): the Channel as 
 issue 15 (tagged tuples, the frame copied twice on receipt), and the real
 `oceanus.ipc.channel.Channel` carrying the same messages as plain tuples and as typed messages.
 
-    python bench/ipc_messages.py [--number 2000] [--repeat 40]
+    python bench/investigations/ipc_messages.py [--number 2000] [--repeat 40]
 
 Prints a table of nanoseconds per message (the best of the repeats: this measures code, not
 the machine's noise) and writes bench/results/ipc-messages-<timestamp>.json.
@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: benchlib
 import benchlib
 
 from oceanus.backends.python import messages as msg

@@ -1,6 +1,7 @@
 """A small gRPC load generator: N concurrent tritonclient.grpc.aio tasks calling ModelInfer.
 
-    python bench/grpc_load.py --url 127.0.0.1:8001 --model simple --concurrency 16 --seconds 10
+    python bench/investigations/grpc_load.py --url 127.0.0.1:8001 --model simple
+        --concurrency 16 --seconds 10
 
 Prints inferences per second and latency percentiles. `--stream` sends over one ModelStreamInfer
 stream per task instead of unary calls. The default inputs fit Triton's `simple` model (two INT32

@@ -11,7 +11,7 @@ Two figures, in CPU-µs (process time, so a busy shared machine inflates them li
   both processes per round trip, with 1 and with 16 messages per write (the batching the link
   gets under load: the wake-up is paid once per write, not per message).
 
-    python bench/link_cost.py [--rounds 20000]
+    python bench/investigations/link_cost.py [--rounds 20000]
 """
 
 from __future__ import annotations

@@ -6,12 +6,14 @@ face of oceanus/ipc), fed the frames a worker writes (`batch` framed `Infer` mes
 as the core reads them under load) straight into `data_received`; one loop turn later the
 channel's flush hands the answers to a transport that only counts bytes. So the figure is the
 core's Python per request over the link: unframe, decode, validate, queue, execute (ONNX Runtime,
-in place), complete, encode, frame; the write itself and the wake-up are bench/link_cost.py's.
+in place), complete, encode, frame; the write itself and the wake-up are
+bench/investigations/link_cost.py's.
 
 With `--trees A,B` each round runs this script once per tree (PYTHONPATH=<tree>), alternating,
 so the machine's noise hits both alike; medians and the ratio B/A are printed.
 
-    python bench/link_path.py [--requests 20000] [--batch 8] [--rounds 5] [--trees ../main,.]
+    python bench/investigations/link_path.py [--requests 20000] [--batch 8] [--rounds 5]
+        [--trees ../main,.]
                               [--busy-neighbour]
 
 `--busy-neighbour` keeps another CPU busy meanwhile: on the 2-vCPU VMs this alone makes the
@@ -31,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
+BENCH_DIR = Path(__file__).resolve().parent.parent  # bench/
 
 
 class _CountingTransport:
@@ -116,7 +118,7 @@ def _child(requests: int, batch: int) -> None:
 
 def _run_tree(tree: Path, requests: int, batch: int) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    argv = [sys.executable, str(BENCH_DIR / "link_path.py"), "--child"]
+    argv = [sys.executable, str(BENCH_DIR / "investigations" / "link_path.py"), "--child"]
     argv += ["--requests", str(requests), "--batch", str(batch)]
     output = subprocess.run(argv, env=env, check=True, capture_output=True, text=True).stdout
     result: dict[str, float] = json.loads(output.strip().splitlines()[-1])

@@ -2,7 +2,7 @@
 
 For one JSON schema: the time to compile it for the tokenizer, and the time to compute one
 token mask while walking a valid reply token by token (median over the reply). Prints a table
-and writes bench/results/grammar.json. Run: `python bench/grammar.py [tiny|100m]`.
+and writes bench/results/grammar.json. Run: `python bench/investigations/grammar.py [tiny|100m]`.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def main() -> None:
             f"{name:<12} {row['compile_ms']:>11.1f} {row['mask_us_median']:>12.1f}"
             f" {row['mask_us_max']:>12.1f}"
         )
-    out = pathlib.Path(__file__).parent / "results"
+    out = pathlib.Path(__file__).resolve().parent.parent / "results"
     out.mkdir(exist_ok=True)
     (out / "grammar.json").write_text(json.dumps({"model": size, "results": rows}, indent=2))
 
