@@ -1,7 +1,7 @@
 """The transport's server: gRPC over HTTP/2 on the event loop, with our own framing (framing.py).
 
 Why not grpc.aio: its per-call cost was the gRPC frontend's ceiling (bench/grpc_echo.py measures
-both transports; bench/README.md has the figures). Handlers are the same
+both transports; docs/measurements.md has the figures). Handlers are the same
 `grpc.RpcMethodHandler`s grpc.aio takes, and see the few context methods they use (call.Call),
 so the servicers do not know which transport serves them.
 

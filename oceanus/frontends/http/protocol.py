@@ -3,7 +3,7 @@
 Why not uvicorn: under perf_analyzer load on 2 cores, uvicorn's per-request task, middleware and
 two socket writes per response (headers, then body) took about a third of the event loop's time.
 Measured alone with the same raw handler, this protocol serves about twice uvicorn's requests/s
-(`python bench/http_stack.py`; figures in bench/README.md). It parses with the same httptools
+(`python bench/http_stack.py`; figures in docs/measurements.md). It parses with the same httptools
 parser, hands the frontend a complete request, and writes each response with one
 `transport.write`. Requests whose answer is not immediate (inference) complete through a future
 callback, with no task per request; when the client disconnects, that future is cancelled, which
