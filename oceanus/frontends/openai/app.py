@@ -167,14 +167,21 @@ class OpenAIFrontend:
         key = (name, version.version, str(version.path))
         loading = self._tokenizers.get(key)
         if loading is None or (loading.done() and loading.exception() is not None):
-            folders = tokenizer.candidate_folders(Path(version.path), Path(version.path).parent)
+            # The built-in engine's own tokenizer and context length first: one of each.
+            info = self.core.generation_info(name)
+            folders = [info.tokenizer_folder] if info is not None else []
+            folders += tokenizer.candidate_folders(Path(version.path), Path(version.path).parent)
             for step in version.config.ensemble_scheduling.step:  # an ensemble's models
                 try:
                     inner = self.core.resolve(step.model_name)
                 except InferenceServerError:
                     continue
                 folders += tokenizer.candidate_folders(Path(inner.path), Path(inner.path).parent)
-            length = tokenizer.max_model_len(Path(version.path))
+            length = (
+                info.max_model_len
+                if info is not None
+                else tokenizer.max_model_len(Path(version.path))
+            )
             loading = asyncio.ensure_future(
                 asyncio.to_thread(tokenizer.load_tokenizer, folders, self.chat_template, length)
             )
@@ -188,6 +195,13 @@ class OpenAIFrontend:
         name = body["model"]
         found = await self._tokenizer(name)
         self._require_inputs(name, "text_input")
+        # The engine takes the ids tokenized here when they come from its own tokenizer.
+        info = self.core.generation_info(name)
+        typed = (
+            info is not None
+            and found is not None
+            and found.folder.resolve() == info.tokenizer_folder.resolve()
+        )
         if chat:
             if found is None:
                 raise bad_request(
@@ -205,12 +219,12 @@ class OpenAIFrontend:
             # Rendering the template and tokenizing the prompt take milliseconds per request
             # (3-4 ms for 300 tokens): on the event loop, a burst of 32 chats held every other
             # connection, health probes included, for hundreds of ms. A worker thread instead.
-            plan = await asyncio.to_thread(plans.chat_plan, body, found, parser)
+            plan = await asyncio.to_thread(plans.chat_plan, body, found, parser, typed)
         else:
-            plan = await asyncio.to_thread(plans.completion_plan, body, found)
+            plan = await asyncio.to_thread(plans.completion_plan, body, found, typed)
 
-        def count(text: str) -> int:
-            return len(found.encode(text)) if found is not None and text else 0
+        def count(text: str) -> int:  # a completion's tokens, when the model did not say
+            return len(found.encode(text, False)) if found is not None and text else 0
 
         return plan, count
 

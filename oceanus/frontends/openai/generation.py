@@ -36,15 +36,16 @@ async def merged(core: ServerCore, plan: Plan) -> AsyncGenerator[tuple[int, Piec
                 parameters["max_tokens"] = prompt.max_tokens
             if j and "seed" in parameters:  # n different choices, each still reproducible
                 parameters["seed"] += j
-            request = sampling.generate_request(
-                plan.model,
-                "",
-                prompt.text,
-                plan.stream,
-                parameters,
-                plan.logprobs is not None,
-                f"{plan.id}-{p * plan.n + j}",
-            )
+            request_id = f"{plan.id}-{p * plan.n + j}"
+            logprobs = plan.logprobs is not None
+            if plan.typed and prompt.ids is not None:
+                request = sampling.typed_request(
+                    plan.model, "", prompt.ids, plan.stream, parameters, logprobs, request_id
+                )
+            else:
+                request = sampling.generate_request(
+                    plan.model, "", prompt.text, plan.stream, parameters, logprobs, request_id
+                )
             streams.append((p * plan.n + j, core.infer_stream(request)))
 
     if len(streams) == 1:  # the usual case: no queue, no task, one hop less per response
@@ -91,7 +92,7 @@ class Choice:
     input_tokens: int | None = None
     output_tokens: int = 0
     counted: bool = False  # the model reported its output tokens
-    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    logprobs: list[list[tuple[str, float]]] = field(default_factory=list)
 
     def add(self, piece: Piece) -> None:
         self.text += piece.text

@@ -26,6 +26,7 @@ class Prompt:
     text: str
     tokens: int | None  # counted by the model's tokenizer (None: no tokenizer)
     max_tokens: int | None
+    ids: list[int] | None = None  # the prompt tokenized (None: no tokenizer)
 
 
 @dataclass
@@ -41,6 +42,9 @@ class Plan:
     logprobs: int | None = None  # top logprobs to return (None: no logprobs)
     parser: Parser | None = None  # tool calls are parsed from the reply
     named_tool: str | None = None  # tool_choice named this function
+    # The model is the built-in engine: its requests carry the prompts' ids and typed sampling
+    # parameters (core.generation) instead of the vLLM backend's tensors.
+    typed: bool = False
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -251,7 +255,9 @@ def _required_call(tools: list[Any], parser: Parser, parameters: dict[str, Any])
     parameters["guided_decoding"] = json.dumps({"grammar": lark})
 
 
-def chat_plan(body: dict[str, Any], tokenizer: ModelTokenizer, parser: Parser | None) -> Plan:
+def chat_plan(
+    body: dict[str, Any], tokenizer: ModelTokenizer, parser: Parser | None, typed: bool = False
+) -> Plan:
     n, stream, include_usage = _common(body)
     messages = _messages(body)
     asked = sampling.positive_int(body, "max_completion_tokens")
@@ -271,8 +277,11 @@ def chat_plan(body: dict[str, Any], tokenizer: ModelTokenizer, parser: Parser | 
     if mode == "required" and parser is not None and tools:
         _required_call(tools, parser, parameters)  # without a known format: not enforced
     text = tokenizer.render_chat(messages, tools)
-    count = len(tokenizer.encode(text))
-    prompt = Prompt(text, count, _room(count, asked, tokenizer.context_length, "messages"))
+    # As vLLM's chat path: the template writes the special tokens it wants (a BOS), so none
+    # are added (with them, a template that writes its BOS got a second one).
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    count = len(ids)
+    prompt = Prompt(text, count, _room(count, asked, tokenizer.context_length, "messages"), ids)
     return Plan(
         chat=True,
         model=body["model"],
@@ -284,14 +293,16 @@ def chat_plan(body: dict[str, Any], tokenizer: ModelTokenizer, parser: Parser | 
         logprobs=(top or 0) if logprobs else None,
         parser=parser if mode in ("auto", "required") else None,
         named_tool=named,
+        typed=typed,
         id=f"chatcmpl-{uuid.uuid4().hex}",
     )
 
 
 def _prompts(
     body: dict[str, Any], tokenizer: ModelTokenizer | None
-) -> list[tuple[str, int | None]]:
-    """(text, token count) of each prompt: strings, a list of strings, token ids, lists of ids."""
+) -> list[tuple[str, list[int] | None]]:
+    """(text, token ids) of each prompt: strings, a list of strings, token ids, lists of ids.
+    A text prompt gets the tokenizer's special tokens (a BOS), as vLLM's completions do."""
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         items: list[Any] = [prompt]
@@ -304,7 +315,7 @@ def _prompts(
     found = []
     for item in items:
         if isinstance(item, str):
-            found.append((item, len(tokenizer.encode(item)) if tokenizer else None))
+            found.append((item, tokenizer.encode(item) if tokenizer else None))
         elif (
             isinstance(item, list)
             and item
@@ -312,13 +323,15 @@ def _prompts(
         ):
             if tokenizer is None:
                 raise bad_request("token id prompts need the model's tokenizer", "prompt")
-            found.append((tokenizer.decode(item), len(item)))
+            found.append((tokenizer.decode(item), list(item)))
         else:
             raise bad_request("'prompt' must be a string, a list of strings or token ids", "prompt")
     return found
 
 
-def completion_plan(body: dict[str, Any], tokenizer: ModelTokenizer | None) -> Plan:
+def completion_plan(
+    body: dict[str, Any], tokenizer: ModelTokenizer | None, typed: bool = False
+) -> Plan:
     n, stream, include_usage = _common(body)
     if body.get("suffix") is not None:
         raise bad_request("'suffix' is not supported", "suffix")
@@ -339,10 +352,10 @@ def completion_plan(body: dict[str, Any], tokenizer: ModelTokenizer | None) -> P
         parameters["logprobs"] = top
     _response_format(body, parameters)
     context = tokenizer.context_length if tokenizer else None
-    prompts = [
-        Prompt(text, count, _room(count, asked, context, "prompt"))
-        for text, count in _prompts(body, tokenizer)
-    ]
+    prompts = []
+    for text, ids in _prompts(body, tokenizer):
+        count = len(ids) if ids is not None else None
+        prompts.append(Prompt(text, count, _room(count, asked, context, "prompt"), ids))
     return Plan(
         chat=False,
         model=body["model"],
@@ -353,5 +366,6 @@ def completion_plan(body: dict[str, Any], tokenizer: ModelTokenizer | None) -> P
         include_usage=include_usage,
         echo=echo,
         logprobs=top,
+        typed=typed and tokenizer is not None,
         id=f"cmpl-{uuid.uuid4().hex}",
     )

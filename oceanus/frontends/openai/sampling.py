@@ -1,6 +1,7 @@
 """OpenAI request fields -> the vLLM backend's tensors (`text_input`, `stream`,
-`sampling_parameters` as JSON, `exclude_input_in_output`, `return_*`), checked first so that a
-mistake is a 400 naming the field, before anything is queued."""
+`sampling_parameters` as JSON, `exclude_input_in_output`, `return_*`), or for the built-in
+engine a typed request (token ids, the core's SamplingParams); checked first so that a mistake
+is a 400 naming the field, before anything is queued."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from oceanus.core.generation import GenerationRequest, SamplingParams
 from oceanus.core.types import InferRequest, Tensor
 from oceanus.frontends.openai.errors import bad_request
 
@@ -142,6 +144,27 @@ def generate_request(
     if logprobs:
         inputs.append(_bool("return_logprobs", True))
     return InferRequest(model, version, id=request_id, inputs=inputs)
+
+
+def typed_request(
+    model: str,
+    version: str,
+    prompt_ids: list[int],
+    stream: bool,
+    parameters: dict[str, Any],
+    logprobs: bool,
+    request_id: str,
+) -> InferRequest:
+    """The built-in engine's request: the prompt's token ids and typed sampling parameters
+    (its responses carry a GenerationOutput). `text_input` goes empty: the config requires it."""
+    sampling = SamplingParams.from_mapping(parameters)
+    return InferRequest(
+        model,
+        version,
+        id=request_id,
+        inputs=[_text("text_input", "")],
+        generation=GenerationRequest(prompt_ids, sampling, stream, logprobs),
+    )
 
 
 def embedding_request(
