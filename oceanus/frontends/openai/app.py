@@ -31,6 +31,12 @@ from oceanus.frontends.openai.errors import (
     bad_request,
     model_not_found,
 )
+from oceanus.frontends.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    parse,
+)
 from oceanus.frontends.openai.tokenizer import ModelTokenizer
 
 EVENT_STREAM = [
@@ -103,14 +109,18 @@ class OpenAIFrontend:
         if route not in ("chat/completions", "completions", "embeddings"):
             raise OpenAIError(404, f"Not Found: {request.path}")
         _require(request, "POST")
-        body = self._body(request)
+        data = request_body(request, self.max_input_size)
         if route == "embeddings":
-            return Pending(asyncio.ensure_future(self._embeddings(body)), _finish)
-        if body.get("stream") is True:
-            return Streamed(self._streamed(body, route == "chat/completions"))
-        return Pending(
-            asyncio.ensure_future(self._generate(body, route == "chat/completions")), _finish
+            embedding = parse(EmbeddingRequest, data)
+            return Pending(asyncio.ensure_future(self._embeddings(embedding)), _finish)
+        body: ChatCompletionRequest | CompletionRequest = (
+            parse(ChatCompletionRequest, data)
+            if route == "chat/completions"
+            else parse(CompletionRequest, data)
         )
+        if body.stream:
+            return Streamed(self._streamed(body))
+        return Pending(asyncio.ensure_future(self._generate(body)), _finish)
 
     def _check_restriction(self, request: HttpRequest, group: str) -> None:
         """--http-restricted-api: the group's header, with the HTTP frontend's words."""
@@ -118,18 +128,6 @@ class OpenAIFrontend:
         if rule is not None and request.headers.get(rule[0]) != rule[1]:
             header = rule[0].decode("latin-1")
             raise OpenAIError(403, f"This API is restricted, expecting header '{header}'")
-
-    def _body(self, request: HttpRequest) -> dict[str, Any]:
-        data = request_body(request, self.max_input_size)
-        try:
-            body = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise bad_request(f"the body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise bad_request("the body must be a JSON object")
-        if not isinstance(body.get("model"), str) or not body["model"]:
-            raise bad_request("'model' must name a model", "model")
-        return body
 
     # ---- models -----------------------------------------------------------------------------
 
@@ -191,8 +189,10 @@ class OpenAIFrontend:
 
     # ---- chat and completions ---------------------------------------------------------------
 
-    async def _plan(self, body: dict[str, Any], chat: bool) -> tuple[plans.Plan, Any]:
-        name = body["model"]
+    async def _plan(
+        self, body: ChatCompletionRequest | CompletionRequest
+    ) -> tuple[plans.Plan, Any]:
+        name = body.model
         found = await self._tokenizer(name)
         self._require_inputs(name, "text_input")
         # The engine takes the ids tokenized here when they come from its own tokenizer.
@@ -202,7 +202,7 @@ class OpenAIFrontend:
             and found is not None
             and found.folder.resolve() == info.tokenizer_folder.resolve()
         )
-        if chat:
+        if isinstance(body, ChatCompletionRequest):
             if found is None:
                 raise bad_request(
                     f"model '{name}' has no tokenizer.json in its folder: chat needs its "
@@ -228,17 +228,17 @@ class OpenAIFrontend:
 
         return plan, count
 
-    async def _generate(self, body: dict[str, Any], chat: bool) -> HttpResponse:
-        plan, count = await self._plan(body, chat)
+    async def _generate(self, body: ChatCompletionRequest | CompletionRequest) -> HttpResponse:
+        plan, count = await self._plan(body)
         return _json(await generation.complete(self.core, plan, count))
 
     async def _streamed(
-        self, body: dict[str, Any], chat: bool
+        self, body: ChatCompletionRequest | CompletionRequest
     ) -> AsyncIterator[HttpResponse | bytes]:
         """A streaming reply: the head once the request is accepted (a refused one is an
         ordinary error reply), then its events. A failure mid-stream is an error event."""
         try:
-            plan, count = await self._plan(body, chat)
+            plan, count = await self._plan(body)
             events = generation.stream_events(self.core, plan, count)
             first = await anext(events)
         except Exception as exc:
@@ -259,24 +259,20 @@ class OpenAIFrontend:
 
     # ---- embeddings -------------------------------------------------------------------------
 
-    async def _embeddings(self, body: dict[str, Any]) -> HttpResponse:
-        name = body["model"]
+    async def _embeddings(self, body: EmbeddingRequest) -> HttpResponse:
+        name = body.model
         self._resolve(name)
         self._require_inputs(name, "embedding_request")
         text_input = any(
             spec["name"] == "text_input" for spec in self.core.model_metadata(name)["inputs"]
         )
-        encoding = body.get("encoding_format", "float")
-        if encoding not in ("float", "base64"):
-            raise bad_request("'encoding_format' must be 'float' or 'base64'", "encoding_format")
-        items = body.get("input")
-        if isinstance(items, str) or (
-            isinstance(items, list) and items and all(isinstance(t, int) for t in items)
-        ):
-            items = [items]
-        if not isinstance(items, list) or not items:
-            raise bad_request("'input' must be a string, a list of strings or token ids", "input")
-        dimensions = sampling.positive_int(body, "dimensions")
+        encoding = body.encoding_format
+        items: list[Any] = (
+            [body.input]
+            if isinstance(body.input, str) or isinstance(body.input[0], int)
+            else list(body.input)
+        )
+        dimensions = body.dimensions
         requests = []
         for number, item in enumerate(items):
             document: dict[str, Any] = {"input": item}
