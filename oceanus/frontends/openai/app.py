@@ -12,15 +12,16 @@ import asyncio
 import base64
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import orjson
 
 from oceanus.core.errors import ErrorCode, InferenceServerError
-from oceanus.core.server import ServerCore
+from oceanus.core.generation import GenerationInfo
+from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.http.infer import request_body
 from oceanus.frontends.http.protocol import HttpRequest, HttpResponse, Pending, Streamed
 from oceanus.frontends.openai import generation, plans, sampling, tokenizer, tools
@@ -47,6 +48,27 @@ Outcome = HttpResponse | Pending | Streamed
 # --http-restricted-api groups of the OpenAI routes.
 _GROUPS = {"models": "metadata", "chat": "inference", "completions": "inference"}
 _GROUPS["embeddings"] = "inference"
+# The routes a frontend worker may answer itself (for a model whose engine takes typed requests).
+_PLANNED = ("chat/completions", "completions")
+
+
+class OpenAICore(Protocol):
+    """What the routes read of the core: ServerCore itself, or in a frontend worker the
+    mirror of the models whose engine takes typed requests (workers/openai_routes.py)."""
+
+    def ready(self) -> bool: ...
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]: ...
+
+    def resolve(self, name: str, version: str = "") -> Any: ...
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]: ...
+
+    def model_config(self, name: str, version: str = "") -> Any: ...
+
+    def generation_info(self, name: str, version: str = "") -> GenerationInfo | None: ...
+
+    def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]: ...
 
 
 def _json(document: Any, status: int = 200) -> HttpResponse:
@@ -64,12 +86,16 @@ def _finish(future: asyncio.Future[Any]) -> HttpResponse:
 class OpenAIFrontend:
     def __init__(
         self,
-        core: ServerCore,
+        core: OpenAICore,
         chat_template: str | None = None,
         restrictions: dict[str, tuple[str, str]] | None = None,
         max_input_size: int = 64 * 1024 * 1024,
+        forward: Callable[[HttpRequest], Outcome] | None = None,
     ) -> None:
         self.core = core
+        # In a frontend worker: what the core answers (every route but a chat or completion
+        # for a model whose engine takes typed requests, which the worker plans itself).
+        self.forward = forward
         self.chat_template = tokenizer.read_chat_template(chat_template) if chat_template else None
         self.restrictions = {
             category: (header.encode("latin-1"), value.encode("latin-1"))
@@ -98,6 +124,8 @@ class OpenAIFrontend:
         if parts[:1] != ["v1"] or len(parts) < 2:
             raise OpenAIError(404, f"Not Found: {request.path}")
         head = parts[1]
+        if self.forward is not None and "/".join(parts[1:]) not in _PLANNED:
+            return self.forward(request)
         if self.restrictions:
             self._check_restriction(request, _GROUPS.get(head, ""))
         if head == "models":
@@ -118,6 +146,8 @@ class OpenAIFrontend:
             if route == "chat/completions"
             else parse(CompletionRequest, data)
         )
+        if self.forward is not None and self.core.generation_info(body.model) is None:
+            return self.forward(request)
         if body.stream:
             return Streamed(self._streamed(body))
         return Pending(asyncio.ensure_future(self._generate(body)), _finish)

@@ -12,12 +12,11 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
-from oceanus.core.server import ServerCore
-from oceanus.core.types import InferResponse
+from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.openai import results, sampling, tools
 from oceanus.frontends.openai.plans import Plan
 from oceanus.frontends.openai.results import Piece
@@ -25,7 +24,13 @@ from oceanus.frontends.openai.results import Piece
 _DONE = object()
 
 
-async def merged(core: ServerCore, plan: Plan) -> AsyncGenerator[tuple[int, Piece], None]:
+class Streams(Protocol):
+    """What runs a plan's requests: the core (ServerCore), or a frontend worker's link to it."""
+
+    def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]: ...
+
+
+async def merged(core: Streams, plan: Plan) -> AsyncGenerator[tuple[int, Piece], None]:
     """(choice index, piece) of every response of the plan's requests, as they come."""
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
     streams = []
@@ -133,7 +138,7 @@ def _chat_message(plan: Plan, choice: Choice) -> tuple[dict[str, Any], str | Non
     return message, finish
 
 
-async def complete(core: ServerCore, plan: Plan, count: Any) -> dict[str, Any]:
+async def complete(core: Streams, plan: Plan, count: Any) -> dict[str, Any]:
     """The whole reply of a non-streaming request."""
     choices = [Choice() for _ in range(len(plan.prompts) * plan.n)]
     async with contextlib.aclosing(merged(core, plan)) as pieces:
@@ -223,7 +228,7 @@ class _ChatStream:
         return (calls, "") if calls else ([], held)
 
 
-async def stream_events(core: ServerCore, plan: Plan, count: Any) -> AsyncIterator[bytes]:
+async def stream_events(core: Streams, plan: Plan, count: Any) -> AsyncIterator[bytes]:
     """The server-sent events of a streaming request (after its 200 head)."""
     kind = "chat.completion.chunk" if plan.chat else "text_completion"
     total = len(plan.prompts) * plan.n

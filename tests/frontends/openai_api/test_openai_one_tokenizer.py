@@ -2,7 +2,9 @@
 template that writes `{{ bos_token }}` itself. The rendered chat is tokenized once, without added
 special tokens (as vLLM's chat path), and the engine takes those ids as they are: the OpenAI
 usage and the engine's vllm:prompt_tokens_total count the same tokens, one BOS. A completion's
-prompt gets the tokenizer's BOS, as vLLM's completions do, and is counted the same on both sides."""
+prompt gets the tokenizer's BOS, as vLLM's completions do, and is counted the same on both sides.
+With frontend workers the same holds, and the template is rendered and tokenized in the workers:
+the core's log shows no chat or completion forwarded whole."""
 
 from __future__ import annotations
 
@@ -39,18 +41,30 @@ def _bos_model(folder: Path) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any, Any]]:
+@pytest.fixture(scope="module", params=[0, 2], ids=["in-process", "frontend-workers"])
+def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Any, Any, Any]]:
     root = tmp_path_factory.mktemp("one_tokenizer")
     model = _bos_model(root / "hf")
     repository = root / "repo"
     write_llm_model(repository, "llm", engine_args={"model": str(model), "max_model_len": 256})
-    process = ServerProcess([repository])
+    process = ServerProcess(
+        [repository], [f"--frontend-workers={request.param}", "--log-verbose=1"]
+    )
     try:
         process.wait_live()
         client = openai.OpenAI(base_url=f"http://{process.http_url}/v1", api_key="unused")
         reference = tokenizers.Tokenizer.from_file(str(model / "tokenizer.json"))
         yield client, process, reference
+        if request.param:
+            # Planned in the workers: the core forwarded none of them whole (it logs each call
+            # a worker forwards), while /v1/models still goes to the core.
+            client.models.list()
+            log = process.log()
+            assert "forwarded HTTP GET /v1/models" in log
+            assert "forwarded HTTP POST /v1/chat" not in log
+            assert "forwarded HTTP POST /v1/completions" not in log
     finally:
         process.stop()
 
