@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,6 +50,7 @@ def served(
     model = _bos_model(root / "hf")
     repository = root / "repo"
     write_llm_model(repository, "llm", engine_args={"model": str(model), "max_model_len": 256})
+    write_llm_model(repository, "llm_long", engine_args={"model": str(model)})  # 1024 tokens
     process = ServerProcess(
         [repository], [f"--frontend-workers={request.param}", "--log-verbose=1"]
     )
@@ -69,14 +71,18 @@ def served(
         process.stop()
 
 
-def _prompt_tokens_total(process: Any) -> float:
+def _metric(process: Any, name: str, model: str = "llm") -> float:
     url = f"http://127.0.0.1:{process.metrics_port}/metrics"
     with urllib.request.urlopen(url) as response:
         text = response.read().decode()
     for line in text.splitlines():
-        if line.startswith("vllm:prompt_tokens_total{") and 'model="llm"' in line:
+        if line.startswith(name + "{") and f'model="{model}"' in line:
             return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("vllm:prompt_tokens_total for llm is not in /metrics")
+    raise AssertionError(f"{name} for {model} is not in /metrics")
+
+
+def _prompt_tokens_total(process: Any) -> float:
+    return _metric(process, "vllm:prompt_tokens_total")
 
 
 def _rendered(reference: Any) -> str:
@@ -139,3 +145,29 @@ def test_max_tokens_is_capped_by_the_engines_context(served: tuple[Any, Any, Any
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(model="llm", prompt=prompt, max_tokens=256 - count + 1)
     assert "maximum context length is 256 tokens" in json.dumps(caught.value.body)
+
+
+def test_a_cut_stream_frees_the_engine(served: tuple[Any, Any, Any]) -> None:
+    """The client leaves after two events: the request is cancelled (through the worker's link
+    when there are workers) and the engine drops it at its next step, far short of its 1000
+    tokens."""
+    client, process, _ = served
+    before = _metric(process, "vllm:generation_tokens_total", "llm_long")
+    stream = client.completions.create(
+        model="llm_long",
+        prompt="x",
+        max_tokens=1000,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    for number, _ in enumerate(stream):
+        if number == 1:
+            break
+    stream.close()
+    # The cancellation's effect, awaited as a condition: the engine has no request running.
+    deadline = time.monotonic() + 60
+    while _metric(process, "vllm:num_requests_running", "llm_long") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _metric(process, "vllm:num_requests_running", "llm_long") == 0
+    assert _metric(process, "vllm:generation_tokens_total", "llm_long") - before < 700
