@@ -16,6 +16,7 @@ from typing import Any
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.http.protocol import HttpRequest, HttpResponse
 from oceanus.frontends.workers import messages as m
+from oceanus.frontends.workers import typed
 from oceanus.frontends.workers.mirror import Mirror
 from oceanus.ipc.aio import AioChannel
 from oceanus.ipc.rings import RingReader, RingWriter
@@ -188,7 +189,7 @@ class CoreClient:
         call_id = next(self._ids)
         stream = _Stream()
         self._calls[call_id] = stream
-        self._send(m.generate_message(call_id, request))
+        self._send(typed.generate_message(call_id, request))
         return self._generated(call_id, stream, request)
 
     async def _generated(
@@ -204,7 +205,7 @@ class CoreClient:
                 if isinstance(item, Exception):
                     finished = True
                     raise item
-                output = m.output_of(item)
+                output = typed.output_of(item)
                 yield InferResponse(request.model_name, "", request.id, [], generation=output)
         finally:
             self.forget(call_id, cancel=not finished)

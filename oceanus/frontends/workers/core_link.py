@@ -25,6 +25,7 @@ from oceanus.frontends.http.app import HttpFrontend
 from oceanus.frontends.http.protocol import HttpRequest, HttpResponse, Pending, Streamed
 from oceanus.frontends.http.responses import error_response
 from oceanus.frontends.workers import messages as m
+from oceanus.frontends.workers import typed
 from oceanus.ipc.aio import AioChannel
 from oceanus.ipc.rings import RingReader, RingWriter
 
@@ -191,11 +192,11 @@ class CoreLink:
         engine, its GenerationOutputs back (a Cancel from the worker cancels this task)."""
         call_id = message.id
         try:
-            responses = self._core.infer_stream(m.generation_request(message))
+            responses = self._core.infer_stream(typed.generation_request(message))
             try:
                 async for response in responses:
                     if response.generation is not None:
-                        self._send(m.Generated(call_id, m.output_fields(response.generation)))
+                        self._send(m.Generated(call_id, typed.output_fields(response.generation)))
             finally:
                 await responses.aclose()  # type: ignore[attr-defined]
         except asyncio.CancelledError:

@@ -12,14 +12,12 @@ frontend, so every answer is the in-process one.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from oceanus.core import datatypes
 from oceanus.core.errors import ErrorCode, InferenceServerError
-from oceanus.core.generation import GenerationOutput, GenerationRequest, SamplingParams
 from oceanus.core.tensor_bytes import bytes_elements
 from oceanus.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from oceanus.ipc.channel import MessageKinds
@@ -476,40 +474,3 @@ def error_fields(exc: BaseException) -> tuple[str, str]:
 
 def error_of(code: str, message: str) -> InferenceServerError:
     return InferenceServerError(ErrorCode(code), message)
-
-
-# ---- typed language-model requests ---------------------------------------------------------------
-
-_SAMPLING = tuple(f.name for f in dataclasses.fields(SamplingParams))
-_OUTPUT = tuple(f.name for f in dataclasses.fields(GenerationOutput))
-
-
-def generate_message(call_id: int, request: InferRequest) -> Generate:
-    typed = request.generation
-    assert typed is not None
-    sampling = tuple(getattr(typed.sampling, name) for name in _SAMPLING)
-    return Generate(
-        call_id,
-        request.model_name,
-        request.id,
-        typed.prompt_token_ids,
-        sampling,
-        typed.stream,
-        typed.return_logprobs,
-    )
-
-
-def generation_request(message: Generate) -> InferRequest:
-    """The core's request for a worker's Generate (`text_input` empty: the config requires it)."""
-    sampling = SamplingParams(*message.sampling)
-    typed = GenerationRequest(list(message.prompt_ids), sampling, message.stream, message.logprobs)
-    empty = Tensor("text_input", "BYTES", (1,), np.array([b""], dtype=np.object_))
-    return InferRequest(message.model, "", id=message.request_id, inputs=[empty], generation=typed)
-
-
-def output_fields(output: GenerationOutput) -> tuple[Any, ...]:
-    return tuple(getattr(output, name) for name in _OUTPUT)
-
-
-def output_of(fields: tuple[Any, ...]) -> GenerationOutput:
-    return GenerationOutput(*fields)
