@@ -171,3 +171,22 @@ def test_a_cut_stream_frees_the_engine(served: tuple[Any, Any, Any]) -> None:
         time.sleep(0.02)
     assert _metric(process, "vllm:num_requests_running", "llm_long") == 0
     assert _metric(process, "vllm:generation_tokens_total", "llm_long") - before < 700
+
+
+def test_sampled_logprobs_name_the_chosen_tokens(served: tuple[Any, Any, Any]) -> None:
+    """Typed logprobs put the sampled token first (not the likeliest one): the tokens they name
+    spell the text that was sampled."""
+    client, _, _ = served
+    reply = client.completions.create(
+        model="llm",
+        prompt="The ocean",
+        max_tokens=8,
+        temperature=1.0,
+        seed=7,
+        logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
+    choice = reply.choices[0]
+    assert "".join(choice.logprobs.tokens) == choice.text
+    assert len(choice.logprobs.tokens) == 8
+    assert all(logprob <= 0 for logprob in choice.logprobs.token_logprobs)
