@@ -331,22 +331,23 @@ class LlmInstance(RequestInstance):
         return result
 
     def _logprobs_json(self, state: _Request) -> str:
-        """vLLM's layout: per token, {token_id: {logprob, rank, decoded_token}}; "null" when
-        the sampling parameters asked for none."""
+        """vLLM's layout: per token, {token_id: {logprob, rank, decoded_token}}, the sampled
+        token first (as vLLM's dicts begin with it), then the others by rank; "null" when the
+        sampling parameters asked for none."""
         if state.params.logprobs is None:
             return "null"
         tokenizer = self.engine.tokenizer
         tokens: list[dict[str, dict[str, Any]]] = []
-        for top in state.logprobs:
+        for chosen, top in zip(state.chosen, state.logprobs, strict=True):
             ranked = sorted(top.items(), key=lambda kv: -kv[1])
-            tokens.append(
-                {
-                    str(token): {
-                        "logprob": logprob,
-                        "rank": rank,
-                        "decoded_token": tokenizer.decode([token]),
-                    }
-                    for rank, (token, logprob) in enumerate(ranked, start=1)
+            entries = {
+                token: {
+                    "logprob": logprob,
+                    "rank": rank,
+                    "decoded_token": tokenizer.decode([token]),
                 }
-            )
+                for rank, (token, logprob) in enumerate(ranked, start=1)
+            }
+            first = {chosen: entries.pop(chosen)} if chosen in entries else {}
+            tokens.append({str(t): entry for t, entry in (first | entries).items()})
         return json.dumps(tokens)
