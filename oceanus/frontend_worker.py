@@ -27,6 +27,7 @@ from oceanus.frontends.http.protocol import HttpServer
 from oceanus.frontends.workers import messages as m
 from oceanus.frontends.workers.client import CoreClient
 from oceanus.frontends.workers.handlers import WorkerGrpc, WorkerHttp
+from oceanus.frontends.workers.openai_routes import worker_openai
 from oceanus.frontends.workers.supervisor import remove_files
 from oceanus.ipc.aio import AioChannel
 from oceanus.ipc.msgring import MsgRingReader, MsgRingWriter
@@ -95,11 +96,18 @@ class _FrontendWorker:
         error = ""
         try:
             if settings.allow_http:
+                openai = worker_openai(
+                    self.client,
+                    settings.chat_template,
+                    settings.http_restricted_apis,
+                    settings.http_max_input_size,
+                )
                 handler = WorkerHttp(
                     self.client,
                     settings.http_max_input_size,
                     settings.http_restricted_apis,
                     settings.http_header_forward_pattern,
+                    openai.handle,
                 )
                 http = http_server(settings, handler.handle)
                 await http.start(settings.http_address, settings.http_port, reuse_port=True)

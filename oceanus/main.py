@@ -203,6 +203,7 @@ class Server:
                 "tracing": core.tracer.active,
                 "log": dataclasses.asdict(settings.log),
                 "models": specs(),  # what the workers validate requests against
+                "generating": specs.generating(),  # the models whose chats workers tokenize
             }
 
         self._workers = FrontendWorkers(

@@ -27,6 +27,7 @@ async def _burst(
     bodies: list[dict[str, Any]], tokenizer: Any, threaded: bool
 ) -> tuple[float, list[tuple[str, int | None]]]:
     from oceanus.frontends.openai import plans
+    from oceanus.frontends.openai.protocol import ChatCompletionRequest
 
     lag, stop = 0.0, False
 
@@ -40,7 +41,8 @@ async def _burst(
     prober = asyncio.ensure_future(probe())
     await asyncio.sleep(0.01)
 
-    async def one(body: dict[str, Any]) -> Any:
+    async def one(raw: dict[str, Any]) -> Any:
+        body = ChatCompletionRequest.model_validate(raw)
         if threaded:
             return await asyncio.to_thread(plans.chat_plan, body, tokenizer, None)
         return plans.chat_plan(body, tokenizer, None)
@@ -72,11 +74,11 @@ def main() -> None:
     ]
     hf = tokenizer.tokenizer
 
-    def plain(text: str) -> list[int]:
-        return list(hf.encode(text).ids)
+    def plain(text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(hf.encode(text, add_special_tokens=add_special_tokens).ids)
 
     batch = ModelTokenizer.encode.__get__(tokenizer)
-    ways: dict[str, tuple[bool, Callable[[str], list[int]]]] = {
+    ways: dict[str, tuple[bool, Callable[[str, bool], list[int]]]] = {
         "on the loop, encode": (False, plain),
         "thread, encode": (True, plain),
         "thread, encode_batch": (True, batch),

@@ -11,6 +11,8 @@ only" (pyproject.toml, tools/face_contract.py) reads this tuple and reports ever
 - `model` (a version's state and statistics, read by the metrics frontend), `shared_memory`;
 - `response_stream`: how a decoupled backend hands its responses to the event loop;
 - `prechecks`: the request checks a frontend worker runs for the core (validation, cache key);
+- `generation`: the typed language-model request and response (token ids, `SamplingParams`,
+  `GenerationOutput`) the OpenAI routes and the LLM engine share;
 - `observability.tracing`, `.statistics`, `.latency`, `.custom_metrics`: what the frontends
   export and what backends record;
 - `repository.model_config`, `repository.load_hints`: config parsing and load-error advice.
@@ -34,6 +36,7 @@ FACE = (
     "shared_memory",
     "response_stream",
     "prechecks",
+    "generation",
     "observability.tracing",
     "observability.statistics",
     "observability.latency",

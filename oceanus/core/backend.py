@@ -25,6 +25,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core.errors import InferenceServerError, invalid_arg, unavailable
+from oceanus.core.generation import GenerationInfo
 from oceanus.core.observability.custom_metrics import CustomMetricRegistry
 from oceanus.core.types import InferRequest, InferResponse
 
@@ -161,6 +162,12 @@ class BackendInstance(ABC):  # noqa: B024 - abstract through its two subclasses
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the instance holds."""
+
+    def generation_info(self) -> GenerationInfo | None:
+        """An engine that takes typed requests (`InferRequest.generation`: token ids, typed
+        sampling parameters) says so here, with its context length and tokenizer; None: the
+        model speaks tensors only."""
+        return None
 
 
 class BatchInstance(BackendInstance):

@@ -16,6 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from oceanus.core import classification, datatypes, heap
 from oceanus.core.clock import MONOTONIC, Clock
 from oceanus.core.errors import ErrorCode, InferenceServerError, unavailable
+from oceanus.core.generation import GenerationInfo
 from oceanus.core.observability.statistics import ModelStatistics
 from oceanus.core.observability.tracing import ModelActivity
 from oceanus.core.response_stream import ResponseStream
@@ -136,6 +137,10 @@ class ModelVersion:
         """What the model ready endpoints report: healthy, and every instance's own readiness
         check (a Python model's `is_ready()`) passes."""
         return self.healthy() and all(w.instance.ready_check() for w in self._workers)
+
+    def generation_info(self) -> GenerationInfo | None:
+        """What an engine instance published for typed requests (None: tensors only)."""
+        return self._workers[0].instance.generation_info() if self._workers else None
 
     def infer(self, request: InferRequest) -> asyncio.Future[InferResponse]:
         """Validate and queue a request; the future resolves with its response."""

@@ -14,6 +14,7 @@ from oceanus.core.errors import InferenceServerError
 from oceanus.core.types import InferRequest, InferResponse
 
 if TYPE_CHECKING:
+    from oceanus.core.generation import GenerationOutput
     from oceanus.core.model import ModelVersion
 
 
@@ -78,6 +79,7 @@ class ResponseStream:
         error: InferenceServerError | None,
         final: bool,
         parameters: dict[str, Any] | None = None,
+        generation: GenerationOutput | None = None,
     ) -> None:
         try:
             response = None if outputs is None else self._model._response(self._request, outputs)
@@ -85,6 +87,8 @@ class ResponseStream:
             response, error = None, exc
         if response is not None and parameters:
             response.parameters.update(parameters)
+        if response is not None:
+            response.generation = generation
         if response is not None and not self._first_sent:
             # nv_inference_first_response_histogram_ms: when a streamed answer began.
             self._first_sent = True
@@ -128,8 +132,11 @@ class ResponseStream:
                     future.cancel()  # the caller left: a queued request leaves the queue
 
 
-# (stream, outputs, error, final): one response as `ResponseStream.send` takes it.
-Send = tuple[Any, dict[str, np.ndarray] | None, InferenceServerError | None, bool]
+# (stream, outputs, error, final, typed output): one response as `ResponseStream.send` takes
+# it, with an engine's GenerationOutput for a request that carried a GenerationRequest.
+Send = tuple[
+    Any, dict[str, np.ndarray] | None, InferenceServerError | None, bool, "GenerationOutput | None"
+]
 
 
 def send_together(sends: list[Send]) -> None:
@@ -145,12 +152,12 @@ def send_together(sends: list[Send]) -> None:
         if isinstance(stream, ResponseStream):
             by_loop.setdefault(stream._loop, []).append(send)
         else:
-            stream.send(send[1], send[2], send[3])
+            stream.send(send[1], send[2], send[3])  # a warmup's: never a typed request
     for loop, items in by_loop.items():
         with contextlib.suppress(RuntimeError):  # the loop closed (stopping)
             loop.call_soon_threadsafe(_put_all, items)
 
 
 def _put_all(items: list[Send]) -> None:
-    for stream, outputs, error, final in items:
-        stream._put_outputs(outputs, error, final)
+    for stream, outputs, error, final, generation in items:
+        stream._put_outputs(outputs, error, final, None, generation)

@@ -27,6 +27,7 @@ from oceanus.core.errors import (
     unavailable,
     unsupported,
 )
+from oceanus.core.generation import GenerationInfo
 from oceanus.core.model import ModelEntry, ModelState, ModelVersion
 from oceanus.core.observability.custom_metrics import CustomMetricRegistry
 from oceanus.core.observability.tracing import SpanExporter, TraceConfig, TraceManager
@@ -288,6 +289,11 @@ class ServerCore:
 
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         return self.resolve(name, version).config
+
+    def generation_info(self, name: str, version: str = "") -> GenerationInfo | None:
+        """Whether the model's engine takes typed requests (token ids, SamplingParams), with
+        its context length and tokenizer; None: it speaks the vLLM backend's tensors only."""
+        return self.resolve(name, version).generation_info()
 
     # ---- inference --------------------------------------------------------------------------
 

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from oceanus.core.generation import GenerationOutput, GenerationRequest
 
 
 @dataclass(slots=True)
@@ -59,6 +62,9 @@ class InferRequest:
     # The response cache's key for it, computed by the frontend worker that validated it
     # (response_cache.request_key); trusted only together with `checked`. b"": the core's.
     cache_key: bytes = b""
+    # A language model's typed request (prompt token ids, sampling parameters) for an engine
+    # that publishes GenerationInfo; its inputs then hold only what the config requires.
+    generation: GenerationRequest | None = None
 
 
 @dataclass(slots=True)
@@ -70,6 +76,8 @@ class InferResponse:
     # Per requested output parameters, echoed from the request so frontends can honour them.
     requested: dict[str, RequestedOutput] | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+    # The engine's typed answer to a request that carried `generation` (no output tensors).
+    generation: GenerationOutput | None = None
 
 
 def is_number(text: str) -> bool:

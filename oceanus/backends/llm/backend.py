@@ -4,7 +4,11 @@ The config is completed as Triton's vLLM backend completes it (decoupled, `max_b
 its inputs and outputs); each request is parsed here into a prompt and sampling parameters,
 handed to the engine, and answered through its response stream as the engine produces text.
 `execute_requests` returns once the engine has admitted the request, so requests beyond the
-engine's KV-cache budget wait in the server's queue (where the queue metrics see them)."""
+engine's KV-cache budget wait in the server's queue (where the queue metrics see them).
+
+A request that carries the core's typed `GenerationRequest` (the OpenAI frontend's: prompt token
+ids and SamplingParams) skips the tensors: its ids go to the engine as they are (no second
+tokenization, no second BOS), and its responses carry a `GenerationOutput` instead of tensors."""
 
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from oceanus.backends.llm.args import MODEL_JSON, EngineArgs, read_engine_args
 from oceanus.backends.llm.engine import Engine
 from oceanus.backends.llm.metrics import LlmMetrics
-from oceanus.backends.llm.sampling import SamplingParams, parse_sampling_parameters
+from oceanus.backends.llm.sampling import compile_guide, parse_sampling_parameters
 from oceanus.backends.llm.scheduler import Scheduler, StepOutput
 from oceanus.core.backend import (
     Backend,
@@ -35,6 +39,7 @@ from oceanus.core.backend import (
     ResponseStream,
 )
 from oceanus.core.errors import InferenceServerError, invalid_arg
+from oceanus.core.generation import GenerationInfo, GenerationOutput, SamplingParams
 from oceanus.core.response_stream import Send, send_together
 
 log = logging.getLogger("oceanus.backends.llm")
@@ -127,9 +132,11 @@ class _Request:
     flags: dict[str, bool]
     params: SamplingParams
     received_ns: int
+    typed: bool = False  # a GenerationRequest: answered with GenerationOutputs, no tensors
     tokens_sent: int = 0
     pieces: list[str] = field(default_factory=list)  # non-streaming: the text so far
     logprobs: list[dict[int, float]] = field(default_factory=list)
+    chosen: list[int] = field(default_factory=list)  # the tokens those logprobs are for
     first_ns: int = 0
     last_ns: int = 0
 
@@ -180,6 +187,9 @@ class LlmInstance(RequestInstance):
             sends, self._outbox = self._outbox, []
             send_together(sends)
 
+    def generation_info(self) -> GenerationInfo:
+        return GenerationInfo(self.engine.max_len, Path(self.engine.args.tokenizer))
+
     def close(self) -> None:
         self.engine.close()
         if self.metrics is not None:
@@ -201,6 +211,22 @@ class LlmInstance(RequestInstance):
         stream = job.stream
         if stream is None:
             raise invalid_arg(f"model '{self.name}' is decoupled: it answers through a stream")
+        typed = job.request.generation
+        if typed is not None:
+            self._submit(
+                _Request(
+                    stream=stream,
+                    streaming=typed.stream,
+                    prepend="",
+                    flags={},
+                    params=compile_guide(typed.sampling),
+                    received_ns=job.request.received_ns,
+                    typed=True,
+                ),
+                typed.prompt_token_ids,
+                stream,
+            )
+            return
         inputs = job.inputs
         text = _text(inputs["text_input"].reshape(-1)[0])
         streaming = bool(_flag(inputs, "stream"))
@@ -228,12 +254,13 @@ class LlmInstance(RequestInstance):
             params=params,
             received_ns=job.request.received_ns,
         )
-        prompt = self.engine.encode(text)
+        self._submit(state, self.engine.encode(text), stream)
 
+    def _submit(self, state: _Request, prompt: list[int], stream: ResponseStream) -> None:
         def sink(out: StepOutput) -> None:
             self._send(state, out)
 
-        self.engine.submit(prompt, params, sink, stream.cancelled)
+        self.engine.submit(prompt, state.params, sink, stream.cancelled)
 
     def _send(self, state: _Request, out: StepOutput) -> None:
         """On the engine thread: one step's output becomes a response (streaming) or is kept
@@ -244,22 +271,46 @@ class LlmInstance(RequestInstance):
                 state.first_ns = now
             state.last_ns = now
         if out.error is not None:
-            self._outbox.append((state.stream, None, out.error, True))
+            self._outbox.append((state.stream, None, out.error, True, None))
             return
         if out.logprobs:
             state.logprobs.extend(out.logprobs)
+            state.chosen.extend(out.token_ids)
         if state.streaming:
             if not out.text and not out.finished:
                 return  # held back (half a UTF-8 character): nothing to say yet
-            outputs = self._outputs(state, out, out.text)
-            self._outbox.append((state.stream, outputs, None, out.finished))
+            self._outbox.append(self._response(state, out, out.text))
             state.tokens_sent = out.num_output_tokens
             state.logprobs.clear()
+            state.chosen.clear()
             return
         state.pieces.append(out.text)
         if out.finished:
             text = state.prepend + "".join(state.pieces)
-            self._outbox.append((state.stream, self._outputs(state, out, text), None, True))
+            self._outbox.append(self._response(state, out, text))
+
+    def _response(self, state: _Request, out: StepOutput, text: str) -> Send:
+        if not state.typed:
+            return (state.stream, self._outputs(state, out, text), None, out.finished, None)
+        typed = GenerationOutput(
+            text=text,
+            finish_reason=out.finish_reason if out.finished else None,
+            num_input_tokens=out.num_input_tokens,
+            num_output_tokens=out.num_output_tokens - state.tokens_sent,
+            logprobs=self._logprob_entries(state) if state.params.logprobs is not None else None,
+        )
+        return (state.stream, {}, None, out.finished, typed)
+
+    def _logprob_entries(self, state: _Request) -> list[list[tuple[str, float]]]:
+        """Per token: the chosen token's (text, logprob) first, then the alternatives from the
+        most likely down (GenerationOutput.logprobs)."""
+        decode = self.engine.tokenizer.decode
+        entries = []
+        for token, top in zip(state.chosen, state.logprobs, strict=True):
+            ranked = sorted(top.items(), key=lambda kv: -kv[1])
+            chosen = [(decode([token]), top.get(token, 0.0))]
+            entries.append(chosen + [(decode([t]), lp) for t, lp in ranked if t != token])
+        return entries
 
     def _outputs(self, state: _Request, out: StepOutput, text: str) -> dict[str, np.ndarray]:
         result: dict[str, np.ndarray] = {
@@ -280,22 +331,23 @@ class LlmInstance(RequestInstance):
         return result
 
     def _logprobs_json(self, state: _Request) -> str:
-        """vLLM's layout: per token, {token_id: {logprob, rank, decoded_token}}; "null" when
-        the sampling parameters asked for none."""
+        """vLLM's layout: per token, {token_id: {logprob, rank, decoded_token}}, the sampled
+        token first (as vLLM's dicts begin with it), then the others by rank; "null" when the
+        sampling parameters asked for none."""
         if state.params.logprobs is None:
             return "null"
         tokenizer = self.engine.tokenizer
         tokens: list[dict[str, dict[str, Any]]] = []
-        for top in state.logprobs:
+        for chosen, top in zip(state.chosen, state.logprobs, strict=True):
             ranked = sorted(top.items(), key=lambda kv: -kv[1])
-            tokens.append(
-                {
-                    str(token): {
-                        "logprob": logprob,
-                        "rank": rank,
-                        "decoded_token": tokenizer.decode([token]),
-                    }
-                    for rank, (token, logprob) in enumerate(ranked, start=1)
+            entries = {
+                token: {
+                    "logprob": logprob,
+                    "rank": rank,
+                    "decoded_token": tokenizer.decode([token]),
                 }
-            )
+                for rank, (token, logprob) in enumerate(ranked, start=1)
+            }
+            first = {chosen: entries.pop(chosen)} if chosen in entries else {}
+            tokens.append({str(t): entry for t, entry in (first | entries).items()})
         return json.dumps(tokens)

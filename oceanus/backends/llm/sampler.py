@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from oceanus.backends.llm.sampling import SamplingParams
+from oceanus.core.generation import SamplingParams
 
 
 @dataclass(slots=True)

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oceanus.backends.llm.args import EngineArgs
-from oceanus.backends.llm.sampling import SamplingParams
 from oceanus.core.errors import ErrorCode, InferenceServerError, internal, invalid_arg, unavailable
+from oceanus.core.generation import SamplingParams
 
 log = logging.getLogger("oceanus.backends.llm")
 

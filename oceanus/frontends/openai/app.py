@@ -12,15 +12,16 @@ import asyncio
 import base64
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import orjson
 
 from oceanus.core.errors import ErrorCode, InferenceServerError
-from oceanus.core.server import ServerCore
+from oceanus.core.generation import GenerationInfo
+from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.http.infer import request_body
 from oceanus.frontends.http.protocol import HttpRequest, HttpResponse, Pending, Streamed
 from oceanus.frontends.openai import generation, plans, sampling, tokenizer, tools
@@ -30,6 +31,12 @@ from oceanus.frontends.openai.errors import (
     as_openai_error,
     bad_request,
     model_not_found,
+)
+from oceanus.frontends.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    parse,
 )
 from oceanus.frontends.openai.tokenizer import ModelTokenizer
 
@@ -41,6 +48,27 @@ Outcome = HttpResponse | Pending | Streamed
 # --http-restricted-api groups of the OpenAI routes.
 _GROUPS = {"models": "metadata", "chat": "inference", "completions": "inference"}
 _GROUPS["embeddings"] = "inference"
+# The routes a frontend worker may answer itself (for a model whose engine takes typed requests).
+_PLANNED = ("chat/completions", "completions")
+
+
+class OpenAICore(Protocol):
+    """What the routes read of the core: ServerCore itself, or in a frontend worker the
+    mirror of the models whose engine takes typed requests (workers/openai_routes.py)."""
+
+    def ready(self) -> bool: ...
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]: ...
+
+    def resolve(self, name: str, version: str = "") -> Any: ...
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]: ...
+
+    def model_config(self, name: str, version: str = "") -> Any: ...
+
+    def generation_info(self, name: str, version: str = "") -> GenerationInfo | None: ...
+
+    def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]: ...
 
 
 def _json(document: Any, status: int = 200) -> HttpResponse:
@@ -58,12 +86,16 @@ def _finish(future: asyncio.Future[Any]) -> HttpResponse:
 class OpenAIFrontend:
     def __init__(
         self,
-        core: ServerCore,
+        core: OpenAICore,
         chat_template: str | None = None,
         restrictions: dict[str, tuple[str, str]] | None = None,
         max_input_size: int = 64 * 1024 * 1024,
+        forward: Callable[[HttpRequest], Outcome] | None = None,
     ) -> None:
         self.core = core
+        # In a frontend worker: what the core answers (every route but a chat or completion
+        # for a model whose engine takes typed requests, which the worker plans itself).
+        self.forward = forward
         self.chat_template = tokenizer.read_chat_template(chat_template) if chat_template else None
         self.restrictions = {
             category: (header.encode("latin-1"), value.encode("latin-1"))
@@ -92,6 +124,8 @@ class OpenAIFrontend:
         if parts[:1] != ["v1"] or len(parts) < 2:
             raise OpenAIError(404, f"Not Found: {request.path}")
         head = parts[1]
+        if self.forward is not None and "/".join(parts[1:]) not in _PLANNED:
+            return self.forward(request)
         if self.restrictions:
             self._check_restriction(request, _GROUPS.get(head, ""))
         if head == "models":
@@ -103,14 +137,20 @@ class OpenAIFrontend:
         if route not in ("chat/completions", "completions", "embeddings"):
             raise OpenAIError(404, f"Not Found: {request.path}")
         _require(request, "POST")
-        body = self._body(request)
+        data = request_body(request, self.max_input_size)
         if route == "embeddings":
-            return Pending(asyncio.ensure_future(self._embeddings(body)), _finish)
-        if body.get("stream") is True:
-            return Streamed(self._streamed(body, route == "chat/completions"))
-        return Pending(
-            asyncio.ensure_future(self._generate(body, route == "chat/completions")), _finish
+            embedding = parse(EmbeddingRequest, data)
+            return Pending(asyncio.ensure_future(self._embeddings(embedding)), _finish)
+        body: ChatCompletionRequest | CompletionRequest = (
+            parse(ChatCompletionRequest, data)
+            if route == "chat/completions"
+            else parse(CompletionRequest, data)
         )
+        if self.forward is not None and self.core.generation_info(body.model) is None:
+            return self.forward(request)
+        if body.stream:
+            return Streamed(self._streamed(body))
+        return Pending(asyncio.ensure_future(self._generate(body)), _finish)
 
     def _check_restriction(self, request: HttpRequest, group: str) -> None:
         """--http-restricted-api: the group's header, with the HTTP frontend's words."""
@@ -118,18 +158,6 @@ class OpenAIFrontend:
         if rule is not None and request.headers.get(rule[0]) != rule[1]:
             header = rule[0].decode("latin-1")
             raise OpenAIError(403, f"This API is restricted, expecting header '{header}'")
-
-    def _body(self, request: HttpRequest) -> dict[str, Any]:
-        data = request_body(request, self.max_input_size)
-        try:
-            body = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise bad_request(f"the body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise bad_request("the body must be a JSON object")
-        if not isinstance(body.get("model"), str) or not body["model"]:
-            raise bad_request("'model' must name a model", "model")
-        return body
 
     # ---- models -----------------------------------------------------------------------------
 
@@ -167,14 +195,21 @@ class OpenAIFrontend:
         key = (name, version.version, str(version.path))
         loading = self._tokenizers.get(key)
         if loading is None or (loading.done() and loading.exception() is not None):
-            folders = tokenizer.candidate_folders(Path(version.path), Path(version.path).parent)
+            # The built-in engine's own tokenizer and context length first: one of each.
+            info = self.core.generation_info(name)
+            folders = [info.tokenizer_folder] if info is not None else []
+            folders += tokenizer.candidate_folders(Path(version.path), Path(version.path).parent)
             for step in version.config.ensemble_scheduling.step:  # an ensemble's models
                 try:
                     inner = self.core.resolve(step.model_name)
                 except InferenceServerError:
                     continue
                 folders += tokenizer.candidate_folders(Path(inner.path), Path(inner.path).parent)
-            length = tokenizer.max_model_len(Path(version.path))
+            length = (
+                info.max_model_len
+                if info is not None
+                else tokenizer.max_model_len(Path(version.path))
+            )
             loading = asyncio.ensure_future(
                 asyncio.to_thread(tokenizer.load_tokenizer, folders, self.chat_template, length)
             )
@@ -184,11 +219,20 @@ class OpenAIFrontend:
 
     # ---- chat and completions ---------------------------------------------------------------
 
-    async def _plan(self, body: dict[str, Any], chat: bool) -> tuple[plans.Plan, Any]:
-        name = body["model"]
+    async def _plan(
+        self, body: ChatCompletionRequest | CompletionRequest
+    ) -> tuple[plans.Plan, Any]:
+        name = body.model
         found = await self._tokenizer(name)
         self._require_inputs(name, "text_input")
-        if chat:
+        # The engine takes the ids tokenized here when they come from its own tokenizer.
+        info = self.core.generation_info(name)
+        typed = (
+            info is not None
+            and found is not None
+            and found.folder.resolve() == info.tokenizer_folder.resolve()
+        )
+        if isinstance(body, ChatCompletionRequest):
             if found is None:
                 raise bad_request(
                     f"model '{name}' has no tokenizer.json in its folder: chat needs its "
@@ -205,26 +249,26 @@ class OpenAIFrontend:
             # Rendering the template and tokenizing the prompt take milliseconds per request
             # (3-4 ms for 300 tokens): on the event loop, a burst of 32 chats held every other
             # connection, health probes included, for hundreds of ms. A worker thread instead.
-            plan = await asyncio.to_thread(plans.chat_plan, body, found, parser)
+            plan = await asyncio.to_thread(plans.chat_plan, body, found, parser, typed)
         else:
-            plan = await asyncio.to_thread(plans.completion_plan, body, found)
+            plan = await asyncio.to_thread(plans.completion_plan, body, found, typed)
 
-        def count(text: str) -> int:
-            return len(found.encode(text)) if found is not None and text else 0
+        def count(text: str) -> int:  # a completion's tokens, when the model did not say
+            return len(found.encode(text, False)) if found is not None and text else 0
 
         return plan, count
 
-    async def _generate(self, body: dict[str, Any], chat: bool) -> HttpResponse:
-        plan, count = await self._plan(body, chat)
+    async def _generate(self, body: ChatCompletionRequest | CompletionRequest) -> HttpResponse:
+        plan, count = await self._plan(body)
         return _json(await generation.complete(self.core, plan, count))
 
     async def _streamed(
-        self, body: dict[str, Any], chat: bool
+        self, body: ChatCompletionRequest | CompletionRequest
     ) -> AsyncIterator[HttpResponse | bytes]:
         """A streaming reply: the head once the request is accepted (a refused one is an
         ordinary error reply), then its events. A failure mid-stream is an error event."""
         try:
-            plan, count = await self._plan(body, chat)
+            plan, count = await self._plan(body)
             events = generation.stream_events(self.core, plan, count)
             first = await anext(events)
         except Exception as exc:
@@ -245,24 +289,20 @@ class OpenAIFrontend:
 
     # ---- embeddings -------------------------------------------------------------------------
 
-    async def _embeddings(self, body: dict[str, Any]) -> HttpResponse:
-        name = body["model"]
+    async def _embeddings(self, body: EmbeddingRequest) -> HttpResponse:
+        name = body.model
         self._resolve(name)
         self._require_inputs(name, "embedding_request")
         text_input = any(
             spec["name"] == "text_input" for spec in self.core.model_metadata(name)["inputs"]
         )
-        encoding = body.get("encoding_format", "float")
-        if encoding not in ("float", "base64"):
-            raise bad_request("'encoding_format' must be 'float' or 'base64'", "encoding_format")
-        items = body.get("input")
-        if isinstance(items, str) or (
-            isinstance(items, list) and items and all(isinstance(t, int) for t in items)
-        ):
-            items = [items]
-        if not isinstance(items, list) or not items:
-            raise bad_request("'input' must be a string, a list of strings or token ids", "input")
-        dimensions = sampling.positive_int(body, "dimensions")
+        encoding = body.encoding_format
+        items: list[Any] = (
+            [body.input]
+            if isinstance(body.input, str) or isinstance(body.input[0], int)
+            else list(body.input)
+        )
+        dimensions = body.dimensions
         requests = []
         for number, item in enumerate(items):
             document: dict[str, Any] = {"input": item}

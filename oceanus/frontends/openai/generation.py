@@ -12,12 +12,11 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
-from oceanus.core.server import ServerCore
-from oceanus.core.types import InferResponse
+from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.openai import results, sampling, tools
 from oceanus.frontends.openai.plans import Plan
 from oceanus.frontends.openai.results import Piece
@@ -25,7 +24,13 @@ from oceanus.frontends.openai.results import Piece
 _DONE = object()
 
 
-async def merged(core: ServerCore, plan: Plan) -> AsyncGenerator[tuple[int, Piece], None]:
+class Streams(Protocol):
+    """What runs a plan's requests: the core (ServerCore), or a frontend worker's link to it."""
+
+    def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]: ...
+
+
+async def merged(core: Streams, plan: Plan) -> AsyncGenerator[tuple[int, Piece], None]:
     """(choice index, piece) of every response of the plan's requests, as they come."""
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
     streams = []
@@ -36,15 +41,16 @@ async def merged(core: ServerCore, plan: Plan) -> AsyncGenerator[tuple[int, Piec
                 parameters["max_tokens"] = prompt.max_tokens
             if j and "seed" in parameters:  # n different choices, each still reproducible
                 parameters["seed"] += j
-            request = sampling.generate_request(
-                plan.model,
-                "",
-                prompt.text,
-                plan.stream,
-                parameters,
-                plan.logprobs is not None,
-                f"{plan.id}-{p * plan.n + j}",
-            )
+            request_id = f"{plan.id}-{p * plan.n + j}"
+            logprobs = plan.logprobs is not None
+            if plan.typed and prompt.ids is not None:
+                request = sampling.typed_request(
+                    plan.model, "", prompt.ids, plan.stream, parameters, logprobs, request_id
+                )
+            else:
+                request = sampling.generate_request(
+                    plan.model, "", prompt.text, plan.stream, parameters, logprobs, request_id
+                )
             streams.append((p * plan.n + j, core.infer_stream(request)))
 
     if len(streams) == 1:  # the usual case: no queue, no task, one hop less per response
@@ -91,7 +97,7 @@ class Choice:
     input_tokens: int | None = None
     output_tokens: int = 0
     counted: bool = False  # the model reported its output tokens
-    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    logprobs: list[list[tuple[str, float]]] = field(default_factory=list)
 
     def add(self, piece: Piece) -> None:
         self.text += piece.text
@@ -132,7 +138,7 @@ def _chat_message(plan: Plan, choice: Choice) -> tuple[dict[str, Any], str | Non
     return message, finish
 
 
-async def complete(core: ServerCore, plan: Plan, count: Any) -> dict[str, Any]:
+async def complete(core: Streams, plan: Plan, count: Any) -> dict[str, Any]:
     """The whole reply of a non-streaming request."""
     choices = [Choice() for _ in range(len(plan.prompts) * plan.n)]
     async with contextlib.aclosing(merged(core, plan)) as pieces:
@@ -222,7 +228,7 @@ class _ChatStream:
         return (calls, "") if calls else ([], held)
 
 
-async def stream_events(core: ServerCore, plan: Plan, count: Any) -> AsyncIterator[bytes]:
+async def stream_events(core: Streams, plan: Plan, count: Any) -> AsyncIterator[bytes]:
     """The server-sent events of a streaming request (after its 200 head)."""
     kind = "chat.completion.chunk" if plan.chat else "text_completion"
     total = len(plan.prompts) * plan.n

@@ -1,6 +1,7 @@
-"""Chat and completion request bodies -> a `Plan`: the prompts (rendered and counted with the
-model's tokenizer), the sampling parameters, and how the reply is read back (echo, logprobs,
-tool calls). Every mistake is a 400 that names its field, before anything is queued."""
+"""Chat and completion requests (checked by protocol.py's schemas) -> a `Plan`: the prompts
+(rendered and tokenized once with the model's tokenizer), the sampling parameters, and how the
+reply is read back (echo, logprobs, tool calls). Every mistake is a 400 that names its field,
+before anything is queued."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ from typing import Any
 
 from oceanus.frontends.openai import sampling
 from oceanus.frontends.openai.errors import bad_request
+from oceanus.frontends.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    NamedToolChoice,
+    ResponseFormat,
+)
 from oceanus.frontends.openai.tokenizer import ModelTokenizer
 from oceanus.frontends.openai.tools import Parser
-
-MAX_N = 16
-_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 @dataclass
@@ -26,6 +30,7 @@ class Prompt:
     text: str
     tokens: int | None  # counted by the model's tokenizer (None: no tokenizer)
     max_tokens: int | None
+    ids: list[int] | None = None  # the prompt tokenized (None: no tokenizer)
 
 
 @dataclass
@@ -41,31 +46,11 @@ class Plan:
     logprobs: int | None = None  # top logprobs to return (None: no logprobs)
     parser: Parser | None = None  # tool calls are parsed from the reply
     named_tool: str | None = None  # tool_choice named this function
+    # The model is the built-in engine: its requests carry the prompts' ids and typed sampling
+    # parameters (core.generation) instead of the vLLM backend's tensors.
+    typed: bool = False
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
-
-
-def _stream_options(body: dict[str, Any], stream: bool) -> bool:
-    options = body.get("stream_options")
-    if options is None:
-        return False
-    if not stream:
-        raise bad_request(
-            "'stream_options' is only allowed when 'stream' is true", "stream_options"
-        )
-    if not isinstance(options, dict):
-        raise bad_request("'stream_options' must be an object", "stream_options")
-    return bool(options.get("include_usage"))
-
-
-def _common(body: dict[str, Any]) -> tuple[int, bool, bool]:
-    n = sampling.positive_int(body, "n") or 1
-    if n > MAX_N:
-        raise bad_request(f"'n' must be at most {MAX_N}, got {n}", "n")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise bad_request("'stream' must be a boolean", "stream")
-    return n, stream, _stream_options(body, stream)
 
 
 def _room(
@@ -113,91 +98,57 @@ def _guide(parameters: dict[str, Any], guide: dict[str, Any], param: str) -> Non
     parameters["guided_decoding"] = json.dumps(guide)
 
 
-def _response_format(body: dict[str, Any], parameters: dict[str, Any]) -> None:
-    response_format = body.get("response_format")
-    if response_format is None:
+def _response_format(response_format: ResponseFormat | None, parameters: dict[str, Any]) -> None:
+    if response_format is None or response_format.type == "text":
         return
-    kind = response_format.get("type") if isinstance(response_format, dict) else None
-    if kind == "text":
-        return
-    if kind == "json_object":
+    if response_format.type == "json_object":
         _guide(parameters, {"json_object": True}, "response_format")
         return
-    if kind == "json_schema":
-        spec = response_format.get("json_schema")
-        schema = spec.get("schema") if isinstance(spec, dict) else None
-        if not isinstance(schema, dict):
-            raise bad_request(
-                "'response_format.json_schema.schema' must be an object", "response_format"
-            )
-        _guide(parameters, {"json": schema}, "response_format")
-        return
-    raise bad_request(
-        "'response_format.type' must be 'text', 'json_object' or 'json_schema'", "response_format"
-    )
+    spec = response_format.json_schema or {}
+    schema = spec.get("schema")
+    if not isinstance(schema, dict):
+        raise bad_request(
+            "'response_format.json_schema.schema' must be an object", "response_format"
+        )
+    _guide(parameters, {"json": schema}, "response_format")
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' must be a non-empty list", "messages")
+def _messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """The messages as the template reads them (dicts, with any fields the client added)."""
     shown = []
-    for number, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in _ROLES:
-            raise bad_request(
-                f"messages[{number}] must be an object whose 'role' is one of {', '.join(_ROLES)}",
-                "messages",
-            )
-        message = dict(message)
-        if message["role"] == "developer":  # OpenAI's newer name; templates know "system"
-            message["role"] = "system"
-        content = message.get("content")
-        if isinstance(content, list):
-            texts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text":
-                    raise bad_request(
-                        f"messages[{number}]: only text content parts are supported", "messages"
-                    )
-                texts.append(str(part.get("text", "")))
-            message["content"] = "".join(texts)
-        elif content is not None and not isinstance(content, str):
-            raise bad_request(f"messages[{number}].content must be a string or a list", "messages")
-        for call in message.get("tool_calls") or []:
+    for message in body.messages:
+        item = message.model_dump(exclude_none=True)
+        if message.role == "developer":  # OpenAI's newer name; templates know "system"
+            item["role"] = "system"
+        if isinstance(message.content, list):
+            item["content"] = "".join(part.text for part in message.content)
+        for call in item.get("tool_calls") or []:
             function = call.get("function") if isinstance(call, dict) else None
             if isinstance(function, dict) and isinstance(function.get("arguments"), str):
                 # templates write the arguments as an object, as transformers passes them
                 with contextlib.suppress(ValueError):
                     function["arguments"] = json.loads(function["arguments"])
-        shown.append(message)
+        shown.append(item)
     return shown
 
 
 def _tools(
-    body: dict[str, Any], parameters: dict[str, Any]
+    body: ChatCompletionRequest, parameters: dict[str, Any]
 ) -> tuple[list[Any] | None, str, str | None]:
     """(the tools for the template, the tool_choice mode, the named function)."""
-    tools = body.get("tools")
-    choice = body.get("tool_choice")
-    if tools is None:
+    choice = body.tool_choice
+    if body.tools is None:
         if choice not in (None, "none"):
             raise bad_request("'tool_choice' needs 'tools'", "tool_choice")
         return None, "none", None
-    if not isinstance(tools, list) or not all(
-        isinstance(t, dict) and isinstance(t.get("function"), dict) and t["function"].get("name")
-        for t in tools
-    ):
-        raise bad_request(
-            "'tools' must be a list of {'type': 'function', 'function': {...}}", "tools"
-        )
+    tools = [tool.model_dump(exclude_none=True) for tool in body.tools]
     if choice is None:
         choice = "auto"
-    if choice in ("auto", "required"):
-        return tools, choice, None
     if choice == "none":
         return None, "none", None
-    function = choice.get("function") if isinstance(choice, dict) else None
-    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(choice, NamedToolChoice):
+        return tools, choice, None
+    name = choice.function.name
     by_name = {t["function"]["name"]: t["function"] for t in tools}
     if name not in by_name:
         raise bad_request(f"tool_choice names a function not in 'tools': {name!r}", "tool_choice")
@@ -251,107 +202,105 @@ def _required_call(tools: list[Any], parser: Parser, parameters: dict[str, Any])
     parameters["guided_decoding"] = json.dumps({"grammar": lark})
 
 
-def chat_plan(body: dict[str, Any], tokenizer: ModelTokenizer, parser: Parser | None) -> Plan:
-    n, stream, include_usage = _common(body)
+def chat_plan(
+    body: ChatCompletionRequest,
+    tokenizer: ModelTokenizer,
+    parser: Parser | None,
+    typed: bool = False,
+) -> Plan:
+    include_usage = body.include_usage()
     messages = _messages(body)
-    asked = sampling.positive_int(body, "max_completion_tokens")
-    if asked is None:
-        asked = sampling.positive_int(body, "max_tokens")
-    logprobs = body.get("logprobs")
-    top = sampling.positive_int(body, "top_logprobs", 0)
-    if top is not None and top > 20:
-        raise bad_request("'top_logprobs' must be at most 20", "top_logprobs")
-    if top is not None and not logprobs:
+    asked = body.max_completion_tokens or body.max_tokens
+    top = body.top_logprobs
+    if top is not None and not body.logprobs:
         raise bad_request("'top_logprobs' needs 'logprobs' to be true", "top_logprobs")
-    parameters = sampling.sampling_parameters(body, None, tokenizer.vocab_size)
-    if logprobs:
+    parameters = _parameters(body, tokenizer)
+    if body.logprobs:
         parameters["logprobs"] = top or 0
-    _response_format(body, parameters)
+    _response_format(body.response_format, parameters)
     tools, mode, named = _tools(body, parameters)
     if mode == "required" and parser is not None and tools:
         _required_call(tools, parser, parameters)  # without a known format: not enforced
     text = tokenizer.render_chat(messages, tools)
-    count = len(tokenizer.encode(text))
-    prompt = Prompt(text, count, _room(count, asked, tokenizer.context_length, "messages"))
+    # As vLLM's chat path: the template writes the special tokens it wants (a BOS), so none
+    # are added (with them, a template that writes its BOS got a second one).
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    count = len(ids)
+    prompt = Prompt(text, count, _room(count, asked, tokenizer.context_length, "messages"), ids)
     return Plan(
         chat=True,
-        model=body["model"],
+        model=body.model,
         prompts=[prompt],
         parameters=parameters,
-        n=n,
-        stream=stream,
+        n=body.n,
+        stream=body.stream,
         include_usage=include_usage,
-        logprobs=(top or 0) if logprobs else None,
+        logprobs=(top or 0) if body.logprobs else None,
         parser=parser if mode in ("auto", "required") else None,
         named_tool=named,
+        typed=typed,
         id=f"chatcmpl-{uuid.uuid4().hex}",
     )
 
 
+def _parameters(
+    body: ChatCompletionRequest | CompletionRequest, tokenizer: ModelTokenizer | None
+) -> dict[str, Any]:
+    parameters = body.sampling()
+    bias = sampling.logit_bias(body.logit_bias, tokenizer.vocab_size if tokenizer else None)
+    if bias:
+        parameters["logit_bias"] = bias
+    return parameters
+
+
 def _prompts(
-    body: dict[str, Any], tokenizer: ModelTokenizer | None
-) -> list[tuple[str, int | None]]:
-    """(text, token count) of each prompt: strings, a list of strings, token ids, lists of ids."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        items: list[Any] = [prompt]
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
-        items = [prompt]
-    elif isinstance(prompt, list) and prompt:
-        items = prompt
-    else:
-        raise bad_request("'prompt' must be a string, a list of strings or token ids", "prompt")
-    found = []
+    body: CompletionRequest, tokenizer: ModelTokenizer | None
+) -> list[tuple[str, list[int] | None]]:
+    """(text, token ids) of each prompt: strings, a list of strings, token ids, lists of ids.
+    A text prompt gets the tokenizer's special tokens (a BOS), as vLLM's completions do."""
+    prompt: Any = body.prompt  # str | ids | list[str | ids]: narrowed by its first item
+    one = isinstance(prompt, str) or isinstance(prompt[0], int)  # text, or token ids
+    items: list[str | list[int]] = [prompt] if one else list(prompt)
+    found: list[tuple[str, list[int] | None]] = []
     for item in items:
         if isinstance(item, str):
-            found.append((item, len(tokenizer.encode(item)) if tokenizer else None))
-        elif (
-            isinstance(item, list)
-            and item
-            and all(isinstance(t, int) and not isinstance(t, bool) for t in item)
-        ):
+            found.append((item, tokenizer.encode(item) if tokenizer else None))
+        else:
             if tokenizer is None:
                 raise bad_request("token id prompts need the model's tokenizer", "prompt")
-            found.append((tokenizer.decode(item), len(item)))
-        else:
-            raise bad_request("'prompt' must be a string, a list of strings or token ids", "prompt")
+            found.append((tokenizer.decode(item), list(item)))
     return found
 
 
-def completion_plan(body: dict[str, Any], tokenizer: ModelTokenizer | None) -> Plan:
-    n, stream, include_usage = _common(body)
-    if body.get("suffix") is not None:
+def completion_plan(
+    body: CompletionRequest, tokenizer: ModelTokenizer | None, typed: bool = False
+) -> Plan:
+    include_usage = body.include_usage()
+    if body.suffix is not None:
         raise bad_request("'suffix' is not supported", "suffix")
-    best_of = body.get("best_of")
-    if best_of is not None and best_of != n:
+    if body.best_of is not None and body.best_of != body.n:
         raise bad_request("'best_of' is not supported (other than equal to 'n')", "best_of")
-    echo = body.get("echo", False)
-    if not isinstance(echo, bool):
-        raise bad_request("'echo' must be a boolean", "echo")
-    asked = sampling.positive_int(body, "max_tokens")
-    top = sampling.positive_int(body, "logprobs", 0)
-    if top is not None and top > 5:
-        raise bad_request("'logprobs' must be at most 5", "logprobs")
-    parameters = sampling.sampling_parameters(
-        body, None, tokenizer.vocab_size if tokenizer else None
-    )
+    asked = body.max_tokens
+    top = body.logprobs
+    parameters = _parameters(body, tokenizer)
     if top is not None:
         parameters["logprobs"] = top
-    _response_format(body, parameters)
+    _response_format(body.response_format, parameters)
     context = tokenizer.context_length if tokenizer else None
-    prompts = [
-        Prompt(text, count, _room(count, asked, context, "prompt"))
-        for text, count in _prompts(body, tokenizer)
-    ]
+    prompts = []
+    for text, ids in _prompts(body, tokenizer):
+        count = len(ids) if ids is not None else None
+        prompts.append(Prompt(text, count, _room(count, asked, context, "prompt"), ids))
     return Plan(
         chat=False,
-        model=body["model"],
+        model=body.model,
         prompts=prompts,
         parameters=parameters,
-        n=n,
-        stream=stream,
+        n=body.n,
+        stream=body.stream,
         include_usage=include_usage,
-        echo=echo,
+        echo=body.echo,
         logprobs=top,
+        typed=typed and tokenizer is not None,
         id=f"cmpl-{uuid.uuid4().hex}",
     )

@@ -1,4 +1,5 @@
-"""The vLLM backend's output tensors read back, and OpenAI's logprobs and usage built from them."""
+"""A model's responses read back (the engine's typed GenerationOutput, or the vLLM backend's
+output tensors), and OpenAI's logprobs and usage built from them."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ class Piece:
     finish_reason: str | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
-    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    # Per token: (text, logprob) of the chosen token first, then the alternatives by rank.
+    logprobs: list[list[tuple[str, float]]] = field(default_factory=list)
 
 
 def _scalar(data: Any) -> Any:
@@ -26,6 +28,15 @@ def _scalar(data: Any) -> Any:
 
 
 def read(response: InferResponse) -> Piece:
+    typed = response.generation
+    if typed is not None:
+        return Piece(
+            typed.text,
+            typed.finish_reason,
+            typed.num_input_tokens,
+            typed.num_output_tokens,
+            typed.logprobs or [],
+        )
     piece = Piece()
     for tensor in response.outputs:
         value = _scalar(tensor.data)
@@ -47,7 +58,7 @@ def read(response: InferResponse) -> Piece:
         elif name == "logprobs":
             text = value.decode() if isinstance(value, bytes) else str(value)
             steps = json.loads(text) if text and text != "null" else None
-            piece.logprobs = steps if isinstance(steps, list) else []
+            piece.logprobs = [_entries(step) for step in steps] if isinstance(steps, list) else []
     return piece
 
 
@@ -61,10 +72,9 @@ def _entries(step: dict[str, Any]) -> list[tuple[str, float]]:
     ]
 
 
-def chat_logprobs(steps: list[dict[str, Any]], top: int) -> dict[str, Any]:
+def chat_logprobs(steps: list[list[tuple[str, float]]], top: int) -> dict[str, Any]:
     content = []
-    for step in steps:
-        entries = _entries(step)
+    for entries in steps:
         if not entries:
             continue
         token, logprob = entries[0]
@@ -82,10 +92,11 @@ def chat_logprobs(steps: list[dict[str, Any]], top: int) -> dict[str, Any]:
     return {"content": content}
 
 
-def completion_logprobs(steps: list[dict[str, Any]], top: int, offset: int) -> dict[str, Any]:
+def completion_logprobs(
+    steps: list[list[tuple[str, float]]], top: int, offset: int
+) -> dict[str, Any]:
     tokens, token_logprobs, tops, offsets = [], [], [], []
-    for step in steps:
-        entries = _entries(step)
+    for entries in steps:
         if not entries:
             continue
         token, logprob = entries[0]

@@ -5,9 +5,11 @@ Where the files are: the model's version folder, its model folder, then the fold
 models. `tokenizer.json` is read with the `tokenizers` library (no transformers import on the
 request path); `tokenizer_config.json` gives the chat template, the special tokens and
 `model_max_length`; the context length is `model.json`'s `max_model_len`, else `config.json`'s
-`max_position_embeddings`, else `model_max_length`. The template is rendered in a sandboxed
-jinja2 environment with the helpers transformers gives templates (`raise_exception`,
-`strftime_now`, a `tojson` that keeps non-ASCII and does not escape HTML).
+`max_position_embeddings`, else `model_max_length`; for the built-in engine, the tokenizer
+folder and the context length it published (the core's GenerationInfo) come first. The
+template is rendered in a sandboxed jinja2 environment with the helpers transformers gives
+templates (`raise_exception`, `strftime_now`, a `tojson` that keeps non-ASCII and does not
+escape HTML).
 """
 
 from __future__ import annotations
@@ -34,10 +36,13 @@ class ModelTokenizer:
     folder: Path
     _template: Any = None
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """`add_special_tokens`: what the tokenizer's post-processor adds (a BOS): vLLM adds
+        them to a completion's prompt, never to a rendered chat template (which writes its own)."""
         # encode_batch gives the same ids as encode, but lets go of the GIL while it works, so
         # the event loop runs while a worker thread tokenizes a long prompt.
-        return list(self.tokenizer.encode_batch([text])[0].ids)
+        encoded = self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)
+        return list(encoded[0].ids)
 
     @property
     def vocab_size(self) -> int:

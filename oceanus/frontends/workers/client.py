@@ -16,6 +16,7 @@ from typing import Any
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.http.protocol import HttpRequest, HttpResponse
 from oceanus.frontends.workers import messages as m
+from oceanus.frontends.workers import typed
 from oceanus.frontends.workers.mirror import Mirror
 from oceanus.ipc.aio import AioChannel
 from oceanus.ipc.rings import RingReader, RingWriter
@@ -88,6 +89,8 @@ class CoreClient:
             m.State: self._state,
             m.Drain: lambda _: self.on_drain(),
             m.Settings: lambda message: self.on_settings(message.blob),
+            m.Generated: lambda message: self._item_as(message.id, message.output),
+            m.GenerateDone: lambda message: self._item_as(message.id, _END),
         }
 
     def _send(self, message: tuple[Any, ...]) -> None:
@@ -180,6 +183,33 @@ class CoreClient:
             else:
                 self._send(m.StreamIn(call_id, data))
 
+    def generate(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """A typed language-model request (`request.generation`, planned in this worker) for
+        the core's engine; its responses as they come. Leaving early cancels it."""
+        call_id = next(self._ids)
+        stream = _Stream()
+        self._calls[call_id] = stream
+        self._send(typed.generate_message(call_id, request))
+        return self._generated(call_id, stream, request)
+
+    async def _generated(
+        self, call_id: int, stream: _Stream, request: InferRequest
+    ) -> AsyncIterator[InferResponse]:
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if item is _END:
+                    finished = True
+                    return
+                if isinstance(item, Exception):
+                    finished = True
+                    raise item
+                output = typed.output_of(item)
+                yield InferResponse(request.model_name, "", request.id, [], generation=output)
+        finally:
+            self.forget(call_id, cancel=not finished)
+
     # ---- answers ------------------------------------------------------------------------------
 
     def receive(self, message: Any) -> None:
@@ -192,6 +222,9 @@ class CoreClient:
         models = message.values.get("models")
         if models is not None:
             self.mirror.update(models)
+        generating = message.values.get("generating")
+        if generating is not None:
+            self.mirror.update_generating(generating)
         self.on_state(message.values)
 
     def _infer_ok(self, message: m.InferOk) -> None:
@@ -212,7 +245,10 @@ class CoreClient:
 
     def _infer_error(self, message: m.InferError) -> None:
         call = self._calls.pop(message.id, None)
-        if call is not None and not call[0].done():
+        if isinstance(call, _Stream):  # a Generate call's end
+            self._calls[message.id] = call  # forgotten by its reader
+            call.queue.put_nowait(m.error_of(message.code, message.message))
+        elif call is not None and not call[0].done():
             call[0].set_exception(m.error_of(message.code, message.message))
 
     def _http_answer(self, message: m.HttpAnswer) -> None:
@@ -230,6 +266,11 @@ class CoreClient:
             head = HttpResponse(message.status, b"", list(message.headers))
             head.stream = stream.items(self, message.id)
             call.set_result(head)
+
+    def _item_as(self, call_id: int, item: Any) -> None:
+        call = self._calls.get(call_id)
+        if call is not None:
+            call.queue.put_nowait(item)
 
     def _item(self, message: m.HttpChunk | m.StreamOut) -> None:
         call = self._calls.get(message.id)

@@ -25,6 +25,7 @@ from oceanus.frontends.http.app import HttpFrontend
 from oceanus.frontends.http.protocol import HttpRequest, HttpResponse, Pending, Streamed
 from oceanus.frontends.http.responses import error_response
 from oceanus.frontends.workers import messages as m
+from oceanus.frontends.workers import typed
 from oceanus.ipc.aio import AioChannel
 from oceanus.ipc.rings import RingReader, RingWriter
 
@@ -107,6 +108,7 @@ class CoreLink:
             m.StreamOpen: self._stream_open,
             m.StreamIn: lambda message: self._stream_item(message.id, message.data),
             m.StreamEnd: lambda message: self._stream_item(message.id, None),
+            m.Generate: lambda message: self._track(message.id, self._generate(message)),
         }
 
     def _send(self, message: tuple[Any, ...]) -> None:
@@ -182,6 +184,27 @@ class CoreLink:
             self._send(m.InferError(call_id, *m.error_fields(error)))
             return
         self._send(m.InferOk(call_id, fields, block))
+
+    # ---- typed language-model requests --------------------------------------------------------
+
+    async def _generate(self, message: m.Generate) -> None:
+        """A chat or completion a worker templated and tokenized: its token ids go to the
+        engine, its GenerationOutputs back (a Cancel from the worker cancels this task)."""
+        call_id = message.id
+        try:
+            responses = self._core.infer_stream(typed.generation_request(message))
+            try:
+                async for response in responses:
+                    if response.generation is not None:
+                        self._send(m.Generated(call_id, typed.output_fields(response.generation)))
+            finally:
+                await responses.aclose()  # type: ignore[attr-defined]
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._send(m.InferError(call_id, *m.error_fields(exc)))
+            return
+        self._send(m.GenerateDone(call_id))
 
     # ---- forwarded HTTP ---------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from oceanus.frontends.http.infer import (
     decode_infer,
     infer_route,
 )
-from oceanus.frontends.http.protocol import HttpRequest, HttpResponse, Pending
+from oceanus.frontends.http.protocol import HttpRequest, HttpResponse, Pending, Streamed
 from oceanus.frontends.workers.client import CoreClient, GrpcFailure
 from oceanus.frontends.workers.messages import NeedsCore, encode_request
 
@@ -75,16 +75,22 @@ class WorkerHttp:
         max_input_size: int,
         restrictions: dict[str, tuple[str, str]] | None = None,
         header_forward: str = "",
+        openai: Callable[[HttpRequest], HttpResponse | Pending | Streamed] | None = None,
     ) -> None:
         self._client = client
         self._max_input_size = max_input_size
+        # The OpenAI routes (openai_routes.py): chats and completions for the built-in engine
+        # are templated and tokenized here; the rest goes to the core whole.
+        self._openai = openai
         self._header_forward = HeaderForward(header_forward)
         self._restrictions = {
             category: (header.encode("latin-1"), value.encode("latin-1"))
             for category, (header, value) in (restrictions or {}).items()
         }
 
-    def handle(self, request: HttpRequest) -> Pending:
+    def handle(self, request: HttpRequest) -> HttpResponse | Pending | Streamed:
+        if self._openai is not None and request.path.startswith("/v1/"):
+            return self._openai(request)
         route = infer_route(request)
         if route is not None and not self._client.tracing:
             try:

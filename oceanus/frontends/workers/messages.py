@@ -100,6 +100,20 @@ class StreamEnd(NamedTuple):
     kind: int = 8
 
 
+class Generate(NamedTuple):
+    """A language model's typed request, templated and tokenized in the worker (for a model
+    whose engine published GenerationInfo): `sampling` is SamplingParams' fields in order."""
+
+    id: int
+    model: str
+    request_id: str
+    prompt_ids: list[int]
+    sampling: tuple[Any, ...]
+    stream: bool
+    logprobs: bool
+    kind: int = 9
+
+
 # ---- core -> worker ------------------------------------------------------------------------------
 
 
@@ -189,6 +203,21 @@ class StreamDone(NamedTuple):
     kind: int = 31
 
 
+class Generated(NamedTuple):
+    """One GenerationOutput of a Generate call (its fields in order)."""
+
+    id: int
+    output: tuple[Any, ...]
+    kind: int = 33
+
+
+class GenerateDone(NamedTuple):
+    """The Generate call's responses ended (an error ends it as InferError)."""
+
+    id: int
+    kind: int = 34
+
+
 class Drain(NamedTuple):
     """Stop accepting connections, finish what is in flight, exit."""
 
@@ -218,6 +247,9 @@ KINDS = MessageKinds(
         StreamOut,
         StreamDone,
         Drain,
+        Generate,
+        Generated,
+        GenerateDone,
     ]
 )
 

@@ -13,6 +13,10 @@ For a version that uses the response cache the worker also hashes the request
 (prechecks.request_key, the very function the core would run) and sends the key beside the
 serial: hashing the inputs is the cache's one cost that grows with the request, and it is paid in
 the worker. The core uses the key only with a matching serial, as it does the validation.
+
+For a model whose engine takes typed requests (the core's GenerationInfo: the built-in LLM
+engine), the workers also get what the OpenAI routes read of it (`Generating`), so that a worker
+renders the chat template, tokenizes and plans the request itself and sends the core token ids.
 """
 
 from __future__ import annotations
@@ -30,6 +34,17 @@ from oceanus.core.types import InferRequest
 Spec = tuple[Any, ...]
 
 
+class Generating(NamedTuple):
+    """What a worker's OpenAI routes read of a model whose engine takes typed requests."""
+
+    version: int
+    path: str
+    max_model_len: int
+    tokenizer_folder: str
+    inputs: tuple[str, ...]
+    tool_call_parser: str | None
+
+
 class Specs:
     """What the workers mirror of `core`: {model name: {version: spec}}, ready versions only.
     Made again only after a version started or stopped (`ModelVersion.changes`): the state is
@@ -39,12 +54,43 @@ class Specs:
         self._core = core
         self._seen = -1
         self._specs: dict[str, dict[str, Spec]] = {}
+        self._generating: dict[str, tuple[Any, ...]] = {}
 
     def __call__(self) -> dict[str, dict[str, Spec]]:
+        self._refresh()
+        return self._specs
+
+    def generating(self) -> dict[str, tuple[Any, ...]]:
+        """{model name: Generating} of the highest ready versions with a GenerationInfo."""
+        self._refresh()
+        return self._generating
+
+    def _refresh(self) -> None:
         if self._seen != ModelVersion.changes:
             self._seen = ModelVersion.changes
             self._specs = _model_specs(self._core)
-        return self._specs
+            self._generating = _generating(self._core)
+
+
+def _generating(core: ServerCore) -> dict[str, tuple[Any, ...]]:
+    found: dict[str, tuple[Any, ...]] = {}
+    for name, entry in core.models.items():
+        version = entry.highest_ready()
+        info = version.generation_info() if version is not None else None
+        if version is None or info is None:
+            continue
+        parser = version.config.parameters.get("tool_call_parser")
+        found[name] = tuple(
+            Generating(
+                version.version,
+                str(version.path),
+                info.max_model_len,
+                str(info.tokenizer_folder),
+                tuple(version.inputs),
+                parser.string_value if parser is not None else None,
+            )
+        )
+    return found
 
 
 def _model_specs(core: ServerCore) -> dict[str, dict[str, Spec]]:
@@ -107,6 +153,11 @@ class Mirror:
     def __init__(self) -> None:
         self._wire: dict[str, Any] = {}
         self._versions: dict[str, dict[str, _Version]] = {}
+        # Models whose engine takes typed requests (Specs.generating), by name.
+        self.generating: dict[str, Generating] = {}
+
+    def update_generating(self, wire: dict[str, Any]) -> None:
+        self.generating = {name: Generating(*fields) for name, fields in wire.items()}
 
     def update(self, wire: dict[str, Any]) -> None:
         if wire == self._wire:

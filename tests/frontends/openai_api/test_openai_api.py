@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -251,6 +253,55 @@ def test_restricted_api_and_error_shape(served: tuple[ServerProcess, int]) -> No
         bare.chat.completions.create(model="toy_llm", messages=_say("x"))
     assert "x-inference-key" in caught.value.body["message"]
     assert [m.id for m in bare.models.list().data] == ["toy_llm"]  # metadata is not restricted
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "param"),
+    [
+        ("chat/completions", {"model": "toy_llm", "messages": []}, "messages"),
+        ("chat/completions", {"model": "toy_llm", "messages": [{"role": "robot"}]}, "messages"),
+        ("chat/completions", {"model": "toy_llm", "messages": "hi"}, "messages"),
+        ("chat/completions", {"messages": [{"role": "user", "content": "x"}]}, "model"),
+        ("chat/completions", {"model": "toy_llm", "messages": [], "n": 17}, "n"),
+        ("completions", {"model": "toy_llm", "prompt": "x", "temperature": "hot"}, "temperature"),
+        ("completions", {"model": "toy_llm", "prompt": "x", "top_p": 1.5}, "top_p"),
+        ("completions", {"model": "toy_llm", "prompt": "x", "max_tokens": 0}, "max_tokens"),
+        ("completions", {"model": "toy_llm", "prompt": "x", "stream": 1}, "stream"),
+        ("completions", {"model": "toy_llm", "prompt": [True]}, "prompt"),
+        ("completions", {"model": "toy_llm", "prompt": "x", "stop": ["a"] * 17}, "stop"),
+        ("embeddings", {"model": "toy_llm", "input": "x", "encoding_format": "hex"}, None),
+    ],
+)
+def test_bodies_are_checked_by_their_schema(
+    served: tuple[ServerProcess, int], route: str, body: dict[str, Any], param: str | None
+) -> None:
+    """A body that does not fit its schema is OpenAI's 400 naming the field, before any model
+    is looked up (the client's own checks bypassed: raw HTTP)."""
+    process, _ = served
+    request = urllib.request.Request(
+        f"http://{process.http_url}/v1/{route}",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json", **HEADER},
+    )
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request)
+    assert caught.value.code == 400
+    error = json.loads(caught.value.read())["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == (param or "encoding_format")
+    assert error["message"]
+
+
+def test_a_body_that_is_not_json_is_a_400(served: tuple[ServerProcess, int]) -> None:
+    process, _ = served
+    for data in (b"{not json", b"[1, 2]"):
+        request = urllib.request.Request(
+            f"http://{process.http_url}/v1/completions", data=data, headers=HEADER
+        )
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request)
+        assert caught.value.code == 400
+        assert json.loads(caught.value.read())["error"]["type"] == "invalid_request_error"
 
 
 def _running(client: Any) -> str:
