@@ -179,7 +179,9 @@ class LlmInstance(RequestInstance):
         self.metrics: LlmMetrics | None = None
         if context.server is not None:
             version = context.files.version_dir.name
-            self.metrics = LlmMetrics(context.server.custom_metrics, config.name, version)
+            self.metrics = LlmMetrics(
+                context.server.custom_metrics, config.name, version, args.served_model_name
+            )
             self.metrics.watch(self.engine)
 
     def _flush(self) -> None:
