@@ -7,8 +7,9 @@ layout of Triton's vLLM backend: `config.pbtxt` with backend "vllm" and the tool
 reasoning parsers, `1/model.json` with the engine's keys), and the ordinary server runs it in one
 process with one port: the OpenAI routes, `GET /health`, `GET /metrics` (vLLM's `vllm:*` gauges
 and counters, and Triton's families) and the KServe routes. No gRPC port, no metrics port.
-`--api-key` guards the `/v1` routes as vLLM's does: without `Authorization: Bearer KEY`, a 401
-(in OpenAI's error shape; vLLM's own body is `{"error": "Unauthorized"}`).
+`--api-key` guards the paths vLLM's guards (`/v1`, `/v2` but KServe's health probes): without
+`Authorization: Bearer KEY`, a 401 in OpenAI's error shape, which OpenAI clients read
+(vLLM's body is `{"error": "Unauthorized"}`; both are the clients' AuthenticationError).
 
 The names the clients ask for (`--served-model-name`, default MODEL as given, e.g.
 "/mnt/models" or "Qwen/Qwen3-0.6B") need not be folder names: the OpenAI routes see the model
@@ -75,6 +76,10 @@ BARE_FLAGS = frozenset(
         "--fully-sharded-loras",
     }
 )
+
+
+# The paths vLLM's --api-key guards (KServe's /v2/health/* probes stay open here).
+GUARDED = ("/v1", "/v2", "/inference", "/cohere")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -246,7 +251,7 @@ class ServePort:
 
     core: Any
     routes: Handler
-    api_key: str | None = None
+    api_keys: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -254,7 +259,7 @@ class ServePort:
         self.registry.register(
             TritonCollector(self.core, MetricsConfig(), None, custom=self.core.custom_metrics)
         )
-        self._expected = f"Bearer {self.api_key}".encode() if self.api_key else None
+        self._keys = [key.encode() for key in self.api_keys]
 
     def handle(self, request: HttpRequest) -> HttpResponse | Pending | Streamed:
         path = request.path.split("?", 1)[0]
@@ -263,11 +268,21 @@ class ServePort:
         if request.method == "GET" and path == "/metrics":
             body = render(self.registry.collect())
             return HttpResponse(200, body, [(b"content-type", CONTENT_TYPE.encode())])
-        if self._expected is not None and path.startswith("/v1"):
-            given = request.headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._expected):
-                return OpenAIError(401, "Unauthorized", None, "invalid_api_key").response()
+        guarded = path.startswith(GUARDED) and not path.startswith("/v2/health/")
+        if (
+            guarded
+            and self._keys
+            and not self._authorized(request.headers.get(b"authorization", b""))
+        ):
+            return OpenAIError(401, "Unauthorized", None, "invalid_api_key").response()
         return self.routes(request)
+
+    def _authorized(self, header: bytes) -> bool:
+        """vLLM's check: scheme `Bearer` (any case), then one of the keys."""
+        scheme, _, given = header.partition(b" ")
+        if scheme.lower() != b"bearer":
+            return False
+        return any(hmac.compare_digest(given, key) for key in self._keys)
 
 
 class ServeServer(Server):

@@ -143,11 +143,13 @@ class ServeSettings:
     # ---- the server
     host: str = setting("0.0.0.0", "--host", "address to listen on", SERVER)
     port: int = setting(8000, "--port", "the port of the API, /health and /metrics", SERVER, **PORT)
-    api_key: str | None = setting(
-        None,
+    api_key: list[str] = setting(
+        [],
         "--api-key",
-        "requests to /v1 need 'Authorization: Bearer KEY' (default: $VLLM_API_KEY)",
+        "requests to /v1 (and vLLM's other guarded paths) need 'Authorization: Bearer KEY', "
+        "one of these keys (default: $VLLM_API_KEY)",
         SERVER,
+        many=True,
         metavar="KEY",
     )
     # ---- the OpenAI API
@@ -181,7 +183,7 @@ class ServeSettings:
     log_verbose: int = setting(0, "--log-verbose", "verbose logging level", OCEANUS, **COUNT)
 
     def __post_init__(self) -> None:
-        if self.api_key is None:
-            self.api_key = os.environ.get("VLLM_API_KEY") or None
+        if not self.api_key and os.environ.get("VLLM_API_KEY"):
+            self.api_key = [os.environ["VLLM_API_KEY"]]
         if not self.served_model_name and self.model:
             self.served_model_name = [self.model]

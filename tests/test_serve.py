@@ -210,13 +210,19 @@ def test_the_openai_client_chats_and_streams_under_the_served_name(served: Serve
     assert "ignored" in served.log_path.read_text()  # --gpu-memory-utilization, --enforce-eager
 
 
-def test_api_key_is_required_on_v1_only(served: Served) -> None:
+def test_api_key_guards_the_api_not_the_probes(served: Served) -> None:
     with pytest.raises(openai.AuthenticationError) as caught:
         _client(served, "wrong").models.list()
     assert caught.value.status_code == 401
     assert caught.value.body["code"] == "invalid_api_key"  # OpenAI's error shape
     assert served.get("/health")[0] == 200  # probes and scrapes need no key, as in vLLM
     assert served.get("/metrics")[0] == 200
+    assert served.get("/v2/health/ready")[0] == 200  # KServe's probes too
+    assert served.get("/v2/models/m")[0] == 401  # vLLM guards /v2 as well
+    url = f"http://127.0.0.1:{served.port}/v1/models"
+    asked = urllib.request.Request(url, headers={"Authorization": f"bearer {KEY}"})
+    with urllib.request.urlopen(asked, timeout=5) as reply:  # the scheme in any case, as vLLM
+        assert reply.status == 200
 
 
 def test_tool_choice_required_uses_the_named_parser(served: Served) -> None:
@@ -247,8 +253,9 @@ def test_tool_choice_required_uses_the_named_parser(served: Served) -> None:
 
 
 def test_the_four_gauges_move_under_load(served: Served) -> None:
-    """One slot (--max-num-seqs 1): a long stream holds it (running 1, KV in use); a second
-    request then waits (waiting > 0); both cut, the gauges fall back to 0."""
+    """One slot (--max-num-seqs 1): a long stream holds it (running 1, KV in use); three more
+    requests then wait, as vLLM counts them (waiting 3: the one the engine was handed and the
+    two in the server's queue); all cut, the gauges fall back to 0."""
     for name in (
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
@@ -262,17 +269,18 @@ def test_the_four_gauges_move_under_load(served: Served) -> None:
     next(iter(held))  # its first chunk: it is running
     _until(lambda: served.gauge("vllm:num_requests_running") == 1)
     assert 0 < served.gauge("vllm:kv_cache_usage_perc") <= 1
-    queued: list[Any] = []
-    started = threading.Thread(
-        target=lambda: queued.append(client.completions.create(model="m", prompt="Twice", **long))
-    )
-    started.start()
-    _until(lambda: served.gauge("vllm:num_requests_waiting") > 0)
+
+    def ask() -> None:  # answered once admitted; then cut at once, letting the next one in
+        client.completions.create(model="m", prompt="Twice", **long).close()
+
+    waiting = [threading.Thread(target=ask) for _ in range(3)]
+    for thread in waiting:
+        thread.start()
+    _until(lambda: served.gauge("vllm:num_requests_waiting") == 3)
     assert served.gauge("vllm:num_requests_running") == 1
     held.close()
-    started.join(60)
-    for stream in queued:
-        stream.close()
+    for thread in waiting:
+        thread.join(60)
     _until(
         lambda: (
             served.gauge("vllm:num_requests_running") == 0

@@ -458,8 +458,9 @@ def test_vllm_metrics_are_labelled_by_model_and_version(llm_server: Any) -> None
     ):
         assert metric_value(text, name, "llm_own") >= 0
     # Triton's vLLM backend's labels, and vLLM's own `model_name` (what routers select on)
-    assert 'vllm:generation_tokens_total{model="llm_own",model_name="llm_own",version="1"}' in text
-    lora = 'vllm:lora_requests_info{max_lora="0",model="llm_own",model_name="llm_own",'
+    labels = 'engine="0",model="llm_own",model_name="llm_own",version="1"'
+    assert f"vllm:generation_tokens_total{{{labels}}}" in text
+    lora = 'vllm:lora_requests_info{engine="0",max_lora="0",model="llm_own",model_name="llm_own",'
     assert lora + 'running_lora_adapters="",version="1",waiting_lora_adapters=""}' in text
     # its value is the time of the last engine step, as vLLM's
     assert abs(metric_value(text, "vllm:lora_requests_info", "llm_own") - time.time()) < 600

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 
 from oceanus.backends.llm.scheduler import Scheduler, Sequence
 from oceanus.core.observability.custom_metrics import (
@@ -80,14 +81,28 @@ class LlmMetrics:
     LORA = ("vllm:lora_requests_info", "Running stats on lora requests.")
 
     def __init__(
-        self, registry: CustomMetricRegistry, model: str, version: str, served: str | None = None
+        self,
+        registry: CustomMetricRegistry,
+        model: str,
+        version: str,
+        served: str | None = None,
+        queued: Callable[[], int] = lambda: 0,
     ) -> None:
+        """`queued`: the model's requests in the server's queue (the engine has not seen them;
+        vLLM counts every request not yet running as waiting, and so do we)."""
+        self._queued = queued
         self._owner = registry.owner()
         self._ids: dict[str, int] = {}
         self._prompt = 0
         self._generated = 0
         self._tokens_buckets: list[float] = []
-        self._labels = {"model": model, "version": version, "model_name": served or model}
+        # vLLM's labels (`engine` is its engine core's index: one here) beside Triton's.
+        self._labels = {
+            "model": model,
+            "version": version,
+            "model_name": served or model,
+            "engine": "0",
+        }
         self._registry_model = model
 
     def watch(self, engine: Scheduler) -> None:
@@ -124,7 +139,7 @@ class LlmMetrics:
             update(ids["vllm:generation_tokens_total"], "increment", added)
             self._generated = counters.generation_tokens
         update(ids["vllm:num_requests_running"], "set", counters.running)
-        update(ids["vllm:num_requests_waiting"], "set", counters.waiting)
+        update(ids["vllm:num_requests_waiting"], "set", counters.waiting + self._queued())
         usage = counters.reserved_tokens / counters.budget_tokens if counters.budget_tokens else 0
         update(ids["vllm:kv_cache_usage_perc"], "set", usage)
         update(ids[self.LORA[0]], "set", time.time())
