@@ -126,8 +126,9 @@ def _chat_message(plan: Plan, choice: Choice) -> tuple[dict[str, Any], str | Non
     text: str | None = choice.text
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if plan.reasoning is not None:
-        message["reasoning_content"], text = plan.reasoning.split(choice.text)
-        message["content"] = text
+        thought, text = plan.reasoning.split(choice.text)
+        # vLLM 0.32 writes `reasoning`; earlier vLLMs (and their clients) `reasoning_content`.
+        message.update(content=text, reasoning=thought, reasoning_content=thought)
     finish = choice.finish_reason
     calls: list[tools.ToolCall] = []
     if text is None:
@@ -279,7 +280,8 @@ async def stream_events(core: Streams, plan: Plan, count: Any) -> AsyncIterator[
             if thinking:  # the reasoning first, then the content after it
                 thought, chat.text = thinking[index].feed(choice.text, final)
                 if thought:
-                    yield chunk(index, {"delta": {"reasoning_content": thought}})
+                    delta_thought = {"reasoning": thought, "reasoning_content": thought}
+                    yield chunk(index, {"delta": delta_thought})
             delta = chat.content(final)
             if delta or logprobs:
                 yield chunk(index, {"delta": {"content": delta}}, None, logprobs)

@@ -77,6 +77,7 @@ def test_reasoning_content_whole_and_streamed(client: Any, model: str) -> None:
     whole = client.chat.completions.create(model=model, messages=_say(said))
     message = whole.choices[0].message
     assert message.reasoning_content == "Two and two, that is four."
+    assert message.reasoning == message.reasoning_content  # vLLM 0.32's name for it
     assert message.content == "It is 4."
     chunks = list(client.chat.completions.create(model=model, messages=_say(said), stream=True))
     kinds, reasoning, content = [], "", ""
