@@ -100,3 +100,37 @@ def test_qwen3_without_thinking_is_all_content(client: Any) -> None:
     message = client.chat.completions.create(model="qwen", messages=_say("Just 4.")).choices[0]
     assert message.message.content == "Just 4."
     assert not message.message.reasoning_content
+
+
+def test_frontend_workers_read_the_parser_of_an_engine_model(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """With --frontend-workers the workers plan the engine's chats themselves, from the core's
+    mirror: it carries the config's reasoning_parser. deepseek_r1 reads a reply without
+    </think> as all reasoning (vLLM's reading), so the random model's reply is reasoning."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from oceanus.examples.llm import write_llm_model
+
+    repository = tmp_path_factory.mktemp("reasoning_workers")
+    folder = write_llm_model(repository, "llm")
+    with open(folder / "config.pbtxt", "a") as config:
+        config.write(
+            'parameters { key: "reasoning_parser" value { string_value: "deepseek_r1" } }\n'
+        )
+    process = ServerProcess([repository], ["--frontend-workers=2"])
+    try:
+        process.wait_live()
+        client = openai.OpenAI(base_url=f"http://{process.http_url}/v1", api_key="unused")
+        asked: dict[str, Any] = {"model": "llm", "max_tokens": 6, "temperature": 0}
+        asked["messages"] = [{"role": "user", "content": "Hi"}]
+        message = client.chat.completions.create(**asked).choices[0].message
+        assert message.reasoning_content and message.content is None
+        thought = ""
+        for chunk in client.chat.completions.create(**asked, stream=True):
+            if chunk.choices:
+                assert not chunk.choices[0].delta.content
+                thought += getattr(chunk.choices[0].delta, "reasoning_content", None) or ""
+        assert thought == message.reasoning_content
+    finally:
+        process.stop()
