@@ -115,7 +115,7 @@ class ServeSettings:
         "auto, float32 or bfloat16 (vLLM's fp8 formats are GPU-only: ignored)",
         MODEL,
     )
-    seed: int | None = setting(None, "--seed", "the engine's random seed", MODEL, **POSITIVE)
+    seed: int | None = setting(None, "--seed", "the engine's random seed", MODEL, **COUNT)
     trust_remote_code: bool = setting(
         False, "--trust-remote-code", "let transformers run the folder's own code", MODEL, bare=True
     )

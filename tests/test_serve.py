@@ -66,6 +66,7 @@ def test_vllm_flags_map_to_model_json_and_gpu_flags_are_ignored() -> None:
     assert "kv_cache_dtype" not in document  # fp8 is GPU-only: ignored
     assert folder_name("Qwen/Qwen3-0.6B") == "Qwen--Qwen3-0.6B"
     assert parse_args(["/mnt/models"])[0].served_model_name == ["/mnt/models"]  # vLLM's default
+    assert model_json(parse_args(["m", "--seed", "0"])[0])["seed"] == 0
 
 
 def test_lora_flags_reach_model_json() -> None:
