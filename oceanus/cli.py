@@ -37,17 +37,13 @@ def _help(declared_setting: Setting, default: Any) -> str:
     return text.replace("%", "%%")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """tritonserver's flags, generated from the declared settings (oceanus/settings.py)."""
-    parser = _Parser(
-        prog="oceanus",
-        description="Oceanus: an inference server that speaks NVIDIA Triton's protocols. "
-        "Takes tritonserver's flags.",
-        allow_abbrev=False,
-    )
-    parser.add_argument("--version", action="version", version=f"oceanus {__version__}")
-    groups = {name: parser.add_argument_group(name) for name in GROUPS}
-    for item, declared_setting in declared(Settings):
+def add_settings(
+    parser: argparse.ArgumentParser, settings_class: type, groups: Sequence[str]
+) -> None:
+    """A flag for each declared field of `settings_class` (oceanus/declaration.py), in its
+    `--help` group."""
+    sections = {name: parser.add_argument_group(name) for name in groups}
+    for item, declared_setting in declared(settings_class):
         default = default_of(item)
         options: dict[str, Any] = {"dest": item.name, "help": _help(declared_setting, default)}
         if declared_setting.bare:
@@ -58,12 +54,27 @@ def build_parser() -> argparse.ArgumentParser:
             kind = "<integer>" if declared_setting.kind is int else "<string>"
             options["metavar"] = declared_setting.metavar or kind
             options["default"] = default
-            if declared_setting.repeat:
+            if declared_setting.many:
+                options.update(nargs="+", action="extend", default=[])
+            elif declared_setting.repeat:
                 options["action"] = "append"
                 options["default"] = []
             elif declared_setting.switch:
                 options.update(nargs="?", const=True)
-        groups[declared_setting.group].add_argument(*declared_setting.flags, **options)
+        sections[declared_setting.group].add_argument(*declared_setting.flags, **options)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """tritonserver's flags, generated from the declared settings (oceanus/settings.py)."""
+    parser = _Parser(
+        prog="oceanus",
+        description="Oceanus: an inference server that speaks NVIDIA Triton's protocols. "
+        "Takes tritonserver's flags. `oceanus serve MODEL` serves one language model as "
+        "`vllm serve` does (docs/vllm-compat.md).",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--version", action="version", version=f"oceanus {__version__}")
+    add_settings(parser, Settings, GROUPS)
     for name in IGNORED_FLAGS:
         dest = "ignored_" + name[2:].replace("-", "_")
         parser.add_argument(name, dest=dest, action="append", help=argparse.SUPPRESS)
@@ -103,6 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from oceanus.tune.cli import main as tune
 
         return tune(args[1:])
+    if args[:1] == ["serve"]:  # `oceanus serve MODEL ...`: vLLM's command line (serve.py)
+        from oceanus.serve import main as serve
+
+        return serve(args[1:])
     settings, ignored = parse_args(args)
     from oceanus.main import run
 

@@ -129,6 +129,8 @@ class Setting:
     switch: bool = False
     # The flag takes no value at all (`--disable-auto-complete-config`).
     bare: bool = False
+    # One flag takes several values (`--served-model-name a b`, vLLM's nargs="+"); a list.
+    many: bool = False
 
     @property
     def keyword(self) -> str:

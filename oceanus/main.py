@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import pickle
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from oceanus import startup
@@ -16,7 +17,7 @@ from oceanus.core.observability.tracing import MODE_OPENTELEMETRY, SpanExporter
 from oceanus.core.server import ServerCore
 from oceanus.frontends.grpc.server import GrpcFrontend
 from oceanus.frontends.grpc.service import GrpcService
-from oceanus.frontends.http.protocol import HttpServer
+from oceanus.frontends.http.protocol import Handler, HttpServer
 from oceanus.frontends.metrics import MetricsFrontend, parse_metrics_config
 from oceanus.frontends.metrics.server import enable_latency_recording
 from oceanus.frontends.openai import OpenAIFrontend
@@ -105,12 +106,7 @@ class Server:
             # HTTP last: once /v2/health/live answers, every other endpoint is up too.
             if settings.allow_metrics:
                 await self._start_metrics(core)
-            self._openai = OpenAIFrontend(
-                core,
-                settings.chat_template,
-                settings.http_restricted_apis,
-                settings.http_max_input_size,
-            )
+            self._openai = self.openai_frontend(core)
             if settings.openai_port is not None:
                 await self._start_openai(self._openai)
             workers = frontend_worker_count(settings)
@@ -138,6 +134,20 @@ class Server:
             return 1
         return 0
 
+    def openai_frontend(self, core: ServerCore) -> OpenAIFrontend:
+        """The OpenAI routes (`oceanus serve` names the model as vLLM's clients ask for it)."""
+        settings = self.settings
+        return OpenAIFrontend(
+            core,
+            settings.chat_template,
+            settings.http_restricted_apis,
+            settings.http_max_input_size,
+        )
+
+    def http_handler(self, core: ServerCore, routes: Handler) -> Handler:
+        """What the HTTP port answers (`oceanus serve` adds /health, /metrics, --api-key)."""
+        return routes
+
     def _openai_routes(self) -> Any:
         return self._openai.handle if self._openai is not None else None
 
@@ -159,7 +169,7 @@ class Server:
     async def _start_http(self, core: ServerCore) -> None:
         settings = self.settings
         frontend = http_frontend(settings, core, self._openai_routes())
-        self._http = http_server(settings, frontend.handle)
+        self._http = http_server(settings, self.http_handler(core, frontend.handle))
         await _listen(self._http, settings.http_address, settings.http_port, "HTTP service")
         log.info("Started HTTPService at %s:%d", settings.http_address, settings.http_port)
 
@@ -344,7 +354,11 @@ def install_uvloop() -> None:
         pass
 
 
-def run(settings: Settings, ignored_flags: list[str] | None = None) -> int:
+def run(
+    settings: Settings,
+    ignored_flags: list[str] | None = None,
+    make_server: Callable[[Settings], Server] = Server,
+) -> int:
     """Run the server until SIGINT/SIGTERM; returns the process exit code."""
     configure(settings.log)
     for flag in ignored_flags or []:
@@ -352,7 +366,7 @@ def run(settings: Settings, ignored_flags: list[str] | None = None) -> int:
     install_uvloop()
 
     async def main() -> int:
-        server = Server(settings)
+        server = make_server(settings)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, server.request_stop)

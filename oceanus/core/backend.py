@@ -75,6 +75,12 @@ class ServerHandle(Protocol):
         """Loaded and able to execute (without the model's own readiness check)."""
         ...
 
+    def queued_count(self, name: str, version: str) -> int:
+        """Requests for this model version waiting in the server's queue, not yet handed to an
+        instance (0 for an unknown version). A plain read: callable from any thread (the LLM
+        engine counts them into vLLM's `vllm:num_requests_waiting`)."""
+        ...
+
     async def load_model(
         self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None
     ) -> None: ...

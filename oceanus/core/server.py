@@ -277,6 +277,15 @@ class ServerCore:
         except InferenceServerError:
             return False
 
+    def queued_count(self, name: str, version: str) -> int:
+        """Requests for this version in the server's queue, not yet handed to an instance. Read
+        from the engine threads of language models: a plain read that never raises."""
+        try:
+            scheduler = self.resolve(name, version).scheduler
+            return int(getattr(scheduler, "queued_count", 0))
+        except Exception:  # unknown, unloading, or the models changing under a foreign thread
+            return 0
+
     def is_decoupled(self, name: str, version: str = "") -> bool:
         """Whether the model answers through infer_stream() (raises if it is unknown)."""
         return self.resolve(name, version).decoupled

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -453,9 +454,16 @@ def test_vllm_metrics_are_labelled_by_model_and_version(llm_server: Any) -> None
         "vllm:e2e_request_latency_seconds_count",
         "vllm:request_prompt_tokens_count",
         "vllm:request_generation_tokens_count",
+        "vllm:lora_requests_info",
     ):
         assert metric_value(text, name, "llm_own") >= 0
-    assert 'vllm:generation_tokens_total{model="llm_own",version="1"}' in text
+    # Triton's vLLM backend's labels, and vLLM's own `model_name` (what routers select on)
+    labels = 'engine="0",model="llm_own",model_name="llm_own",version="1"'
+    assert f"vllm:generation_tokens_total{{{labels}}}" in text
+    lora = 'vllm:lora_requests_info{engine="0",max_lora="0",model="llm_own",model_name="llm_own",'
+    assert lora + 'running_lora_adapters="",version="1",waiting_lora_adapters=""}' in text
+    # its value is the time of the last engine step, as vLLM's
+    assert abs(metric_value(text, "vllm:lora_requests_info", "llm_own") - time.time()) < 600
     assert metric_value(text, "vllm:generation_tokens_total", "llm_own") >= 5
     # Triton's first-response histogram: once per request, when its first response left (not
     # when the engine admitted it).

@@ -166,3 +166,32 @@ def test_kserve_runtime_and_inference_service() -> None:
     assert model["modelFormat"]["name"] in {f["name"] for f in spec["supportedModelFormats"]}
     container = {"name": "kserve-container", "image": "x", "resources": model["resources"]}
     kubernetes_validate.validate(as_pod("predictor", [container]), K8S_VERSION, strict=True)
+
+
+def test_kserve_llm_inference_service_runs_oceanus_serve() -> None:
+    """KServe's LLMInferenceService (llm-d) with vLLM's command swapped for `oceanus serve`: the
+    pod part is a valid Pod, the command line parses as `oceanus serve` reads it (no flag left
+    over), the probes ask GET /health on the serve port."""
+    from oceanus.serve import parse_args as serve_args
+
+    path = KSERVE / "llm-inference-service.yaml"
+    run(tool("yamllint"), "-s", "-c", str(ROOT / ".yamllint"), str(path))
+    service = yaml.safe_load(path.read_text())
+    assert (service["apiVersion"], service["kind"]) == (
+        "serving.kserve.io/v1alpha1",
+        "LLMInferenceService",
+    )
+    spec = service["spec"]
+    assert spec["model"]["uri"] and spec["model"]["name"]
+    assert set(spec["router"]) == {"gateway", "route", "scheduler"}
+    (container,) = spec["template"]["containers"]
+    assert container["name"] == "main"  # the name KServe's template merges over
+    kubernetes_validate.validate(as_pod("llm", [container]), K8S_VERSION, strict=True)
+    command = container["command"] + container["args"]
+    assert command[:3] == ["oceanus", "serve", "/mnt/models"]
+    settings, ignored = serve_args(command[2:])
+    assert ignored == [] and settings.model == "/mnt/models"
+    assert settings.served_model_name == [spec["model"]["name"]] and settings.port == 8000
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        get = container[probe]["httpGet"]
+        assert (get["path"], get["port"], get["scheme"]) == ("/health", 8000, "HTTP")

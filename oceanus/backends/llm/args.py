@@ -62,6 +62,28 @@ class EngineArgs:
     # Oceanus's own key: "transformers" (engine.py, the default) or "openvino" (OpenVINO
     # GenAI's continuous-batching pipeline in a process of its own: openvino_engine.py).
     engine: str = "transformers"
+    # vLLM's engine argument: the name routers and dashboards see (the metrics' `model_name`
+    # label); None: the model's name in the repository.
+    served_model_name: str | None = None
+
+
+# vLLM engine arguments read but not acted on: the model's own default sampling parameters
+# (`generation_config`, "auto" in vLLM) are not applied yet; a request's own, else vLLM's
+# defaults, are used.
+NOT_APPLIED = frozenset({"generation_config"})
+
+
+def _refuse_lora(raw: dict[str, Any], path: Path) -> None:
+    """LoRA adapters (`enable_lora`, `lora_modules`: `oceanus serve --enable-lora
+    --lora-modules`) are not served yet: refused at load, rather than serving the base model to
+    requests that name an adapter."""
+    enabled = raw.get("enable_lora") is True or str(raw.get("enable_lora", "")).lower() == "true"
+    if enabled or raw.get("lora_modules"):
+        raise unavailable(
+            f"{path}: LoRA adapters are not yet supported by Oceanus's CPU engine "
+            "('enable_lora' / 'lora_modules', vLLM's --enable-lora / --lora-modules): remove "
+            "them to serve the base model"
+        )
 
 
 def _resolve(name: str, version_dir: Path) -> Path:
@@ -135,15 +157,20 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
         raise invalid_arg(f"{path}: not valid JSON: {exc}") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("model"), str):
         raise invalid_arg(f"{path}: a JSON object with a 'model' string is required")
-    known = {f for f in EngineArgs.__dataclass_fields__}
+    _refuse_lora(raw, path)
+    known = {f for f in EngineArgs.__dataclass_fields__} | {"enable_lora", "lora_modules"}
     for key in sorted(raw):
-        if key in GPU_ONLY:
+        if key in NOT_APPLIED:
+            log.info("model '%s': %s key '%s' is not applied yet", model_name, MODEL_JSON, key)
+        elif key in GPU_ONLY:
             log.info("model '%s': %s key '%s' ignored (GPU-only)", model_name, MODEL_JSON, key)
         elif key not in known:
             log.warning("model '%s': %s key '%s' ignored (unknown)", model_name, MODEL_JSON, key)
     model = _resolve(raw["model"], version_dir)
     tokenizer = _resolve(raw["tokenizer"], version_dir) if raw.get("tokenizer") else model
     dtype = str(raw.get("dtype", "auto"))
+    if dtype == "float":  # vLLM's name for float32
+        dtype = "float32"
     if dtype in ("auto", "half", "float16"):
         # CPUs have no fast float16 matmul: "auto" and float16 run float32 (bfloat16 if asked).
         dtype = "float32"
@@ -163,4 +190,5 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
         num_threads=_int(raw, "num_threads", None),
         kv_cache_dtype=_kv_cache_dtype(raw, path),
         engine=_engine(raw, path),
+        served_model_name=str(raw["served_model_name"]) if raw.get("served_model_name") else None,
     )

@@ -179,7 +179,14 @@ class LlmInstance(RequestInstance):
         self.metrics: LlmMetrics | None = None
         if context.server is not None:
             version = context.files.version_dir.name
-            self.metrics = LlmMetrics(context.server.custom_metrics, config.name, version)
+            server = context.server
+            self.metrics = LlmMetrics(
+                server.custom_metrics,
+                config.name,
+                version,
+                args.served_model_name,
+                lambda: server.queued_count(config.name, version),
+            )
             self.metrics.watch(self.engine)
 
     def _flush(self) -> None:

@@ -1,10 +1,15 @@
 """The vLLM metric families, as Triton's vLLM backend exports them (labelled `model` and
-`version`), plus the gauges Kubernetes' Gateway API Inference Extension routes on. They go
-through the server's custom metric registry, so /metrics exports them beside the nv_* ones."""
+`version`), plus vLLM's own label `model_name` (the served name), and the gauges routers read
+(llm-d, Kubernetes' Gateway API Inference Extension): `vllm:num_requests_waiting`,
+`vllm:num_requests_running`, `vllm:kv_cache_usage_perc` (0..1) and `vllm:lora_requests_info`.
+They go through the server's custom metric registry, so /metrics exports them beside the nv_*
+ones (and `oceanus serve` on its one port)."""
 
 from __future__ import annotations
 
 import itertools
+import time
+from collections.abc import Callable
 
 from oceanus.backends.llm.scheduler import Scheduler, Sequence
 from oceanus.core.observability.custom_metrics import (
@@ -71,14 +76,33 @@ class LlmMetrics:
         ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", GAUGE, None),
         ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", GAUGE, None),
     )
+    # vLLM's LoRA gauge: its labels say which adapters run and wait, its value is the time of
+    # the last update (as vLLM sets it). No adapters are served yet: empty lists, max_lora 0.
+    LORA = ("vllm:lora_requests_info", "Running stats on lora requests.")
 
-    def __init__(self, registry: CustomMetricRegistry, model: str, version: str) -> None:
+    def __init__(
+        self,
+        registry: CustomMetricRegistry,
+        model: str,
+        version: str,
+        served: str | None = None,
+        queued: Callable[[], int] = lambda: 0,
+    ) -> None:
+        """`queued`: the model's requests in the server's queue (the engine has not seen them;
+        vLLM counts every request not yet running as waiting, and so do we)."""
+        self._queued = queued
         self._owner = registry.owner()
         self._ids: dict[str, int] = {}
         self._prompt = 0
         self._generated = 0
         self._tokens_buckets: list[float] = []
-        self._labels = {"model": model, "version": version}
+        # vLLM's labels (`engine` is its engine core's index: one here) beside Triton's.
+        self._labels = {
+            "model": model,
+            "version": version,
+            "model_name": served or model,
+            "engine": "0",
+        }
         self._registry_model = model
 
     def watch(self, engine: Scheduler) -> None:
@@ -90,6 +114,12 @@ class LlmMetrics:
             bounds = token_buckets if isinstance(buckets, str) else buckets
             self._owner.new_metric(metric_id, family_id, self._labels, bounds)
             self._ids[name] = metric_id
+        family_id, metric_id = next(_ids), next(_ids)
+        self._owner.new_family(family_id, *self.LORA, GAUGE)
+        lora = {"running_lora_adapters": "", "waiting_lora_adapters": "", "max_lora": "0"}
+        self._owner.new_metric(metric_id, family_id, {**self._labels, **lora}, None)
+        self._ids[self.LORA[0]] = metric_id
+        self._owner.update(metric_id, "set", time.time())
         self._engine = engine
         engine.on_finish = self._finished
         engine.on_step = self._stepped
@@ -109,9 +139,10 @@ class LlmMetrics:
             update(ids["vllm:generation_tokens_total"], "increment", added)
             self._generated = counters.generation_tokens
         update(ids["vllm:num_requests_running"], "set", counters.running)
-        update(ids["vllm:num_requests_waiting"], "set", counters.waiting)
+        update(ids["vllm:num_requests_waiting"], "set", counters.waiting + self._queued())
         usage = counters.reserved_tokens / counters.budget_tokens if counters.budget_tokens else 0
         update(ids["vllm:kv_cache_usage_perc"], "set", usage)
+        update(ids[self.LORA[0]], "set", time.time())
 
     def _finished(self, seq: Sequence, reason: str) -> None:
         update = self._owner.update

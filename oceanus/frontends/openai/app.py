@@ -24,7 +24,7 @@ from oceanus.core.generation import GenerationInfo
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.http.infer import request_body
 from oceanus.frontends.http.protocol import HttpRequest, HttpResponse, Pending, Streamed
-from oceanus.frontends.openai import generation, plans, sampling, tokenizer, tools
+from oceanus.frontends.openai import generation, plans, reasoning, sampling, tokenizer, tools
 from oceanus.frontends.openai.errors import (
     JSON,
     OpenAIError,
@@ -246,10 +246,11 @@ class OpenAIFrontend:
                 parser = tools.PARSERS[chosen.string_value]()
             else:
                 parser = tools.parser_for_template(found.chat_template)
+            thinking = _reasoning_parser(config)
             # Rendering the template and tokenizing the prompt take milliseconds per request
             # (3-4 ms for 300 tokens): on the event loop, a burst of 32 chats held every other
             # connection, health probes included, for hundreds of ms. A worker thread instead.
-            plan = await asyncio.to_thread(plans.chat_plan, body, found, parser, typed)
+            plan = await asyncio.to_thread(plans.chat_plan, body, found, parser, typed, thinking)
         else:
             plan = await asyncio.to_thread(plans.completion_plan, body, found, typed)
 
@@ -346,6 +347,18 @@ def _embedding(response: Any) -> tuple[np.ndarray, int]:
     if vector is None:
         raise OpenAIError(500, "the model's response has no 'text_output'")
     return vector, tokens
+
+
+def _reasoning_parser(config: Any) -> reasoning.ReasoningParser | None:
+    """The config's `reasoning_parser` parameter (`oceanus serve --reasoning-parser`)."""
+    chosen = config.parameters.get("reasoning_parser")
+    name = chosen.string_value if chosen is not None else ""
+    if not name:
+        return None
+    if name not in reasoning.PARSERS:
+        known = ", ".join(sorted(reasoning.PARSERS))
+        raise OpenAIError(500, f"unknown reasoning_parser {name!r} in the model's config: {known}")
+    return reasoning.PARSERS[name]
 
 
 def _require(request: HttpRequest, method: str) -> None:

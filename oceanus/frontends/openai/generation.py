@@ -19,6 +19,7 @@ import orjson
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.openai import results, sampling, tools
 from oceanus.frontends.openai.plans import Plan
+from oceanus.frontends.openai.reasoning import ReasoningStream
 from oceanus.frontends.openai.results import Piece
 
 _DONE = object()
@@ -122,14 +123,21 @@ def _usage(plan: Plan, choices: list[Choice], count: Any) -> dict[str, int]:
 
 
 def _chat_message(plan: Plan, choice: Choice) -> tuple[dict[str, Any], str | None]:
-    message: dict[str, Any] = {"role": "assistant", "content": choice.text}
+    text: str | None = choice.text
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if plan.reasoning is not None:
+        thought, text = plan.reasoning.split(choice.text)
+        # vLLM 0.32 writes `reasoning`; earlier vLLMs (and their clients) `reasoning_content`.
+        message.update(content=text, reasoning=thought, reasoning_content=thought)
     finish = choice.finish_reason
     calls: list[tools.ToolCall] = []
-    if plan.named_tool is not None:
-        calls = [tools.named_call(plan.named_tool, choice.text)]
+    if text is None:
+        pass  # the reply ended in its reasoning
+    elif plan.named_tool is not None:
+        calls = [tools.named_call(plan.named_tool, text)]
         message["content"] = None
     elif plan.parser is not None:
-        content, calls = plan.parser.parse(choice.text)
+        content, calls = plan.parser.parse(text)
         if calls:
             message["content"] = content
     if calls:
@@ -244,6 +252,7 @@ async def stream_events(core: Streams, plan: Plan, count: Any) -> AsyncIterator[
 
     choices = [Choice() for _ in range(total)]
     chats = [_ChatStream(plan) for _ in range(total)]
+    thinking = [ReasoningStream(plan.reasoning) for _ in range(total)] if plan.reasoning else []
     if plan.chat:
         for index in range(total):
             yield chunk(index, {"delta": {"role": "assistant", "content": ""}})
@@ -268,6 +277,11 @@ async def stream_events(core: Streams, plan: Plan, count: Any) -> AsyncIterator[
                 continue
             chat = chats[index]
             chat.text = choice.text
+            if thinking:  # the reasoning first, then the content after it
+                thought, chat.text = thinking[index].feed(choice.text, final)
+                if thought:
+                    delta_thought = {"reasoning": thought, "reasoning_content": thought}
+                    yield chunk(index, {"delta": delta_thought})
             delta = chat.content(final)
             if delta or logprobs:
                 yield chunk(index, {"delta": {"content": delta}}, None, logprobs)

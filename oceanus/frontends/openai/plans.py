@@ -21,6 +21,7 @@ from oceanus.frontends.openai.protocol import (
     NamedToolChoice,
     ResponseFormat,
 )
+from oceanus.frontends.openai.reasoning import ReasoningParser
 from oceanus.frontends.openai.tokenizer import ModelTokenizer
 from oceanus.frontends.openai.tools import Parser
 
@@ -46,6 +47,7 @@ class Plan:
     logprobs: int | None = None  # top logprobs to return (None: no logprobs)
     parser: Parser | None = None  # tool calls are parsed from the reply
     named_tool: str | None = None  # tool_choice named this function
+    reasoning: ReasoningParser | None = None  # thinking is set apart (reasoning.py)
     # The model is the built-in engine: its requests carry the prompts' ids and typed sampling
     # parameters (core.generation) instead of the vLLM backend's tensors.
     typed: bool = False
@@ -207,6 +209,7 @@ def chat_plan(
     tokenizer: ModelTokenizer,
     parser: Parser | None,
     typed: bool = False,
+    reasoning: ReasoningParser | None = None,
 ) -> Plan:
     include_usage = body.include_usage()
     messages = _messages(body)
@@ -238,6 +241,7 @@ def chat_plan(
         logprobs=(top or 0) if body.logprobs else None,
         parser=parser if mode in ("auto", "required") else None,
         named_tool=named,
+        reasoning=reasoning,
         typed=typed,
         id=f"chatcmpl-{uuid.uuid4().hex}",
     )

@@ -43,6 +43,7 @@ class Generating(NamedTuple):
     tokenizer_folder: str
     inputs: tuple[str, ...]
     tool_call_parser: str | None
+    reasoning_parser: str | None = None
 
 
 class Specs:
@@ -79,7 +80,9 @@ def _generating(core: ServerCore) -> dict[str, tuple[Any, ...]]:
         info = version.generation_info() if version is not None else None
         if version is None or info is None:
             continue
-        parser = version.config.parameters.get("tool_call_parser")
+        parameters = version.config.parameters
+        parser = parameters.get("tool_call_parser")
+        thinking = parameters.get("reasoning_parser")
         found[name] = tuple(
             Generating(
                 version.version,
@@ -88,6 +91,7 @@ def _generating(core: ServerCore) -> dict[str, tuple[Any, ...]]:
                 str(info.tokenizer_folder),
                 tuple(version.inputs),
                 parser.string_value if parser is not None else None,
+                thinking.string_value if thinking is not None else None,
             )
         )
     return found

@@ -68,6 +68,8 @@ class WorkerCore:
             config = mc.ModelConfig(name=name)
             if found.tool_call_parser is not None:
                 config.parameters["tool_call_parser"].string_value = found.tool_call_parser
+            if found.reasoning_parser is not None:
+                config.parameters["reasoning_parser"].string_value = found.reasoning_parser
             self._configs[(name, found)] = config
         return config
 
