@@ -25,7 +25,6 @@ GPU_ONLY = frozenset(
         "pipeline_parallel_size",
         "enforce_eager",
         "swap_space",
-        "block_size",
         "cpu_offload_gb",
         "max_seq_len_to_capture",
         "disable_custom_all_reduce",
@@ -62,6 +61,41 @@ class EngineArgs:
     # Oceanus's own key: "transformers" (engine.py, the default) or "openvino" (OpenVINO
     # GenAI's continuous-batching pipeline in a process of its own: openvino_engine.py).
     engine: str = "transformers"
+    # vLLM's CacheConfig name: the KV cache's memory budget in bytes (None: the environment's
+    # VLLM_CPU_KVCACHE_SPACE in GiB, as vLLM's CPU build reads it, else memory.py's default).
+    kv_cache_memory_bytes: int | None = None
+    # vLLM's name: tokens per KV-cache block, the step in which a sequence's cells grow.
+    block_size: int = 16
+    # How `dtype` was chosen ("model.json", or why "auto" gave it); not a model.json key.
+    dtype_source: str = "default"
+
+
+# Not model.json keys.
+_INTERNAL = frozenset({"dtype_source"})
+
+# CPU flags with fast bfloat16 dot products (oneDNN's bf16 matmuls): AVX512-BF16, AMX.
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none: not Linux)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def auto_dtype(flags: frozenset[str] | set[str]) -> tuple[str, str]:
+    """dtype "auto" as vLLM's CPU build resolves it: bfloat16 where the CPU computes bf16 dot
+    products natively (AVX512-BF16 or AMX), float32 elsewhere; and why, for the load log."""
+    found = [flag for flag in BF16_FLAGS if flag in flags]
+    if found:
+        return "bfloat16", f"auto: this CPU has {'/'.join(found)}"
+    return "float32", "auto: this CPU has no avx512_bf16/amx_bf16"
 
 
 def _resolve(name: str, version_dir: Path) -> Path:
@@ -135,7 +169,7 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
         raise invalid_arg(f"{path}: not valid JSON: {exc}") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("model"), str):
         raise invalid_arg(f"{path}: a JSON object with a 'model' string is required")
-    known = {f for f in EngineArgs.__dataclass_fields__}
+    known = {f for f in EngineArgs.__dataclass_fields__} - _INTERNAL
     for key in sorted(raw):
         if key in GPU_ONLY:
             log.info("model '%s': %s key '%s' ignored (GPU-only)", model_name, MODEL_JSON, key)
@@ -144,8 +178,14 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
     model = _resolve(raw["model"], version_dir)
     tokenizer = _resolve(raw["tokenizer"], version_dir) if raw.get("tokenizer") else model
     dtype = str(raw.get("dtype", "auto"))
-    if dtype in ("auto", "half", "float16"):
-        # CPUs have no fast float16 matmul: "auto" and float16 run float32 (bfloat16 if asked).
+    source = "model.json"
+    if dtype == "auto":
+        dtype, source = auto_dtype(cpu_flags())
+    elif dtype == "float":  # vLLM's alias
+        dtype = "float32"
+    elif dtype in ("half", "float16"):
+        # CPUs have no fast float16 matmul: float16 runs float32 (bfloat16 if asked).
+        source = f"model.json {dtype!r} runs float32 on CPU"
         dtype = "float32"
     if dtype not in ("float32", "bfloat16"):
         raise invalid_arg(f"{path}: dtype must be auto, float32 or bfloat16, got {dtype!r}")
@@ -163,4 +203,7 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
         num_threads=_int(raw, "num_threads", None),
         kv_cache_dtype=_kv_cache_dtype(raw, path),
         engine=_engine(raw, path),
+        kv_cache_memory_bytes=_int(raw, "kv_cache_memory_bytes", None),
+        block_size=_int(raw, "block_size", 16) or 16,
+        dtype_source=source,
     )
