@@ -80,6 +80,8 @@ def main() -> None:
         for slot, (length, token) in enumerate(zip(lengths, first, strict=True)):
             seq = Sequence([1] * length, SamplingParams(), lambda _: None, lambda: False)
             seq.slot, seq.prefilled, seq.generated = slot, length, [token]
+            # What admission reserves (prompt + max_tokens): the KV cache grows up to it.
+            seq.reserved = length + args.steps + 4
             running[name].append(seq)
 
     def step(name: str) -> float:
