@@ -5,10 +5,11 @@ the default keys (model.json names only the model, unless --dtype or --set add k
     python bench/llm_memory.py [--size 100m] [--concurrency 32] [--prompt-tokens 512]
                                [--output-tokens 128] [--dtype float32] [--set key=json ...]
 
-Prints one JSON line: RSS (VmRSS) after load, its peak while serving (sampled after every engine
-step, and VmHWM), the KV pool's peak bytes where the engine reports them, the weights' bytes, the
-KV budget, and the run's time. Uses only the engine's public face, so that it runs against an
-older checkout too (PYTHONPATH=<that checkout>)."""
+Prints one JSON line, also written to bench/results/llm-memory-<timestamp>.json: RSS
+(VmRSS) after load, its peak while serving (sampled after every engine step, and VmHWM), the
+KV pool's peak bytes where the engine reports them, the weights' bytes, the KV budget, and the
+run's time. Uses only the engine's public face, so that it runs against an older checkout too
+(PYTHONPATH=<that checkout>)."""
 
 from __future__ import annotations
 
@@ -88,29 +89,35 @@ def main() -> None:
     rss_after = status_kib("VmRSS")
     engine.close()
     mib = 1024
-    print(
-        json.dumps(
-            {
-                "size": args.size,
-                "model_json": {k: v for k, v in keys.items() if k != "model"},
-                "dtype": engine_args.dtype,
-                "concurrency": args.concurrency,
-                "prompt_tokens": args.prompt_tokens,
-                "output_tokens": args.output_tokens,
-                "output_tokens_made": tokens[0],
-                "rss_before_load_mib": round(rss_before / mib),
-                "rss_after_load_mib": round(rss_load / mib),
-                "rss_peak_serving_mib": round(peak[0] / mib),
-                "vmhwm_mib": round(status_kib("VmHWM") / mib),
-                "rss_after_serving_mib": round(rss_after / mib),
-                "kv_pool_peak_mib": round(peak[1] / 2**20) if peak[1] else None,
-                "weights_mib": round(getattr(engine, "weights_bytes", 0) / 2**20) or None,
-                "memory": getattr(engine, "describe_memory", lambda: None)(),
-                "load_s": round(load_s, 1),
-                "serve_s": round(serve_s, 1),
-            }
-        )
+    report = json.dumps(
+        {
+            "size": args.size,
+            "model_json": {k: v for k, v in keys.items() if k != "model"},
+            "dtype": engine_args.dtype,
+            "concurrency": args.concurrency,
+            "prompt_tokens": args.prompt_tokens,
+            "output_tokens": args.output_tokens,
+            "output_tokens_made": tokens[0],
+            "rss_before_load_mib": round(rss_before / mib),
+            "rss_after_load_mib": round(rss_load / mib),
+            "rss_peak_serving_mib": round(peak[0] / mib),
+            "vmhwm_mib": round(status_kib("VmHWM") / mib),
+            "rss_after_serving_mib": round(rss_after / mib),
+            "kv_pool_peak_mib": round(peak[1] / 2**20) if peak[1] else None,
+            "weights_mib": round(getattr(engine, "weights_bytes", 0) / 2**20) or None,
+            "memory": getattr(engine, "describe_memory", lambda: None)(),
+            "load_s": round(load_s, 1),
+            "serve_s": round(serve_s, 1),
+        }
     )
+    print(report)
+    out = (
+        Path(__file__).resolve().parent
+        / "results"
+        / f"llm-memory-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    )
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(report + "\n")
 
 
 if __name__ == "__main__":

@@ -196,12 +196,17 @@ def test_greedy_output_holds_while_ranges_move_and_the_pool_compacts() -> None:
     assert engine.cache.moves > 0
 
 
-def _greedy(engine: Engine, prompts: list[list[int]], lengths: list[int]) -> list[list[int]]:
+def _greedy(
+    engine: Engine, prompts: list[list[int]], lengths: list[int], watch: Any = None
+) -> list[list[int]]:
+    """Each prompt's greedy tokens; `watch(output)` sees every output on the engine thread."""
     tokens: list[list[int]] = [[] for _ in prompts]
     done = threading.Semaphore(0)
 
     def sink(index: int) -> Any:
         def take(out: StepOutput) -> None:
+            if watch is not None:
+                watch(out)
             tokens[index] += out.token_ids
             if out.finished:
                 done.release()
@@ -222,19 +227,23 @@ def test_the_cache_grows_with_the_sequence_and_is_freed_after() -> None:
     folder = cached_llm("tiny")
     engine = Engine(EngineArgs(model=folder, tokenizer=folder))
     sizes: list[int] = []
-    engine.on_step = lambda e: sizes.append(e.cache.allocated_bytes)  # type: ignore[attr-defined]
+
+    def watch(out: StepOutput) -> None:  # before the last output the sequence still holds cells
+        if not out.finished:
+            sizes.append(engine.cache.allocated_bytes)
+
     try:
         assert engine.cache.allocated_bytes == 0
         short = engine.encode("The ocean")
-        _greedy(engine, [short], [2])
+        _greedy(engine, [short], [3], watch)
         short_peak = max(sizes)
         sizes.clear()
         long = engine.encode(" ".join(PROMPTS * 12))
         assert len(long) > 20 * len(short)
-        _greedy(engine, [long], [2])
+        _greedy(engine, [long], [3], watch)
         long_peak = max(sizes)
         assert short_peak * 10 < long_peak
-        assert long_peak < 2 * (len(long) + 2) * engine.cache.token_bytes
+        assert long_peak < 2 * (len(long) + 3) * engine.cache.token_bytes
         assert engine.cache.allocated_bytes == 0  # both ended: released
     finally:
         engine.close()
