@@ -234,6 +234,10 @@ def test_the_cache_grows_with_the_sequence_and_is_freed_after() -> None:
 
     try:
         assert engine.cache.allocated_bytes == 0
+        # The load log's figures: dtype and why, the weights, the budget and its tokens.
+        said = engine.describe_memory()
+        assert "dtype float32 (default)" in said and "weights " in said
+        assert f"= {engine.budget:,} tokens at {engine.cache.token_bytes:,} bytes" in said
         short = engine.encode("The ocean")
         _greedy(engine, [short], [3], watch)
         short_peak = max(sizes)
