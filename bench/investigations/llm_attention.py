@@ -31,8 +31,14 @@ Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, list[int], list[int
 def rows(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: list[int], lens: list[int]
 ) -> torch.Tensor:
-    """The engine's path: `q` `[batch, heads, 1, dim]`, `k`/`v` every slot."""
-    return slot_attention(torch.nn.Module(), q, k, v, None, slot_lengths=lens, slot_rows=slots)[0]
+    """The engine's path: `q` `[batch, heads, 1, dim]`, `k`/`v` every slot, as views of the
+    cache's pool (kv_cache.py: heads first, each slot's cells a contiguous range)."""
+    pool_k = k.transpose(0, 1).reshape(1, KV_HEADS, -1, DIM)  # a view: no copy
+    pool_v = v.transpose(0, 1).reshape(1, KV_HEADS, -1, DIM)
+    offsets = [slot * CAPACITY for slot in slots]
+    return slot_attention(
+        torch.nn.Module(), q, pool_k, pool_v, None, slot_lengths=lens, slot_offsets=offsets
+    )[0]
 
 
 def bucketed(buckets: int, matmul: bool) -> Attend:
@@ -80,8 +86,12 @@ def main() -> None:
     lens = [rng.randint(low, high) for _ in range(args.batch)]
     slots = list(range(args.batch))
     rng.shuffle(slots)  # the engine's running rows sit in any slots
-    shape = (args.batch, KV_HEADS, CAPACITY, DIM)
-    layers = [(torch.randn(shape), torch.randn(shape)) for _ in range(LAYERS)]
+    # The pool's layout (heads first), seen as `[slots, heads, capacity, dim]` without a copy.
+    shape = (KV_HEADS, args.batch, CAPACITY, DIM)
+    layers = [
+        (torch.randn(shape).transpose(0, 1), torch.randn(shape).transpose(0, 1))
+        for _ in range(LAYERS)
+    ]
     query = torch.randn(args.batch, HEADS, 1, DIM)
     variants: dict[str, tuple[Attend, list[int]]] = {"rows (engine)": (rows, lens)}
     for buckets in (1, 2, 4, 8):

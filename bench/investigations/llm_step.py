@@ -4,7 +4,7 @@ random length, one token each, in process (no server, no sampling loop around it
     python bench/investigations/llm_step.py [--size 100m] [--batch 32] [--context 32,512]
         [--steps 20]
                              [--threads N] [--profile] [--compare onednn_linears|row_attention|
-                             fused_mlp|both] [--dtype float32[,bfloat16]]
+                             fused_mlp|both] [--dtype float32[,bfloat16]] [--cpu-time]
 
 Prints the median ms of a decode pass (the engine's own `_forward`, then a batched argmax) and,
 with --profile, torch.profiler's table of operators by self CPU time. --compare loads a second
@@ -40,6 +40,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: its default)")
     parser.add_argument("--dtype", default="float32", help="model.json dtype(s), comma-separated")
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time each pass in process CPU time, not wall time (steadier on a loaded machine; "
+        "with --threads 1 it is the pass's work)",
+    )
     args = parser.parse_args()
 
     from oceanus.backends.llm.args import EngineArgs
@@ -80,16 +86,19 @@ def main() -> None:
         for slot, (length, token) in enumerate(zip(lengths, first, strict=True)):
             seq = Sequence([1] * length, SamplingParams(), lambda _: None, lambda: False)
             seq.slot, seq.prefilled, seq.generated = slot, length, [token]
+            # What admission reserves (prompt + max_tokens): the KV cache grows up to it.
+            seq.reserved = length + args.steps + 4
             running[name].append(seq)
 
     def step(name: str) -> float:
         seqs = running[name]
         tokens = [[s.generated[-1]] for s in seqs]
         starts = [len(s.prompt) + len(s.generated) - 1 for s in seqs]
-        began = time.perf_counter()
+        clock = time.process_time if args.cpu_time else time.perf_counter
+        began = clock()
         logits = engines[name]._forward(seqs, tokens, starts)
         chosen = torch.argmax(logits[:, -1], dim=-1).tolist()
-        took = time.perf_counter() - began
+        took = clock() - began
         for seq, token in zip(seqs, chosen, strict=True):
             seq.generated.append(int(token))
         return took

@@ -156,11 +156,18 @@ def write_llm_model(
     backend: str = "vllm",
     engine_args: dict[str, object] | None = None,
 ) -> pathlib.Path:
-    """A Triton model folder <repository>/<name> with `1/model.json` naming the cached model."""
+    """A Triton model folder <repository>/<name> with `1/model.json` naming the cached model.
+    It says `dtype: "float32"`, so that tests and benchmarks compare with transformers in fp32
+    whatever the CPU ("auto" is bfloat16 on CPUs with AVX512-BF16 or AMX)."""
     folder = pathlib.Path(repository) / name
     (folder / "1").mkdir(parents=True, exist_ok=True)
     (folder / "config.pbtxt").write_text(llm_config(name, backend))
-    args: dict[str, object] = {"model": str(cached_llm(size)), "max_model_len": 1024, "seed": 0}
+    args: dict[str, object] = {
+        "model": str(cached_llm(size)),
+        "max_model_len": 1024,
+        "seed": 0,
+        "dtype": "float32",
+    }
     args.update(engine_args or {})
     (folder / "1" / "model.json").write_text(json.dumps(args, indent=2) + "\n")
     return folder

@@ -25,7 +25,6 @@ GPU_ONLY = frozenset(
         "pipeline_parallel_size",
         "enforce_eager",
         "swap_space",
-        "block_size",
         "cpu_offload_gb",
         "max_seq_len_to_capture",
         "disable_custom_all_reduce",
@@ -65,6 +64,13 @@ class EngineArgs:
     # vLLM's engine argument: the name routers and dashboards see (the metrics' `model_name`
     # label); None: the model's name in the repository.
     served_model_name: str | None = None
+    # vLLM's CacheConfig name: the KV cache's memory budget in bytes (None: the environment's
+    # VLLM_CPU_KVCACHE_SPACE in GiB, as vLLM's CPU build reads it, else memory.py's default).
+    kv_cache_memory_bytes: int | None = None
+    # vLLM's name: tokens per KV-cache block, the step in which a sequence's cells grow.
+    block_size: int = 16
+    # How `dtype` was chosen ("model.json", or why "auto" gave it); not a model.json key.
+    dtype_source: str = "default"
 
 
 # vLLM engine arguments read but not acted on: the model's own default sampling parameters
@@ -84,6 +90,34 @@ def _refuse_lora(raw: dict[str, Any], path: Path) -> None:
             "('enable_lora' / 'lora_modules', vLLM's --enable-lora / --lora-modules): remove "
             "them to serve the base model"
         )
+
+
+# Not model.json keys.
+_INTERNAL = frozenset({"dtype_source"})
+
+# CPU flags with fast bfloat16 dot products (oneDNN's bf16 matmuls): AVX512-BF16, AMX.
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none: not Linux)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def auto_dtype(flags: frozenset[str] | set[str]) -> tuple[str, str]:
+    """dtype "auto" as vLLM's CPU build resolves it: bfloat16 where the CPU computes bf16 dot
+    products natively (AVX512-BF16 or AMX), float32 elsewhere; and why, for the load log."""
+    found = [flag for flag in BF16_FLAGS if flag in flags]
+    if found:
+        return "bfloat16", f"auto: this CPU has {'/'.join(found)}"
+    return "float32", "auto: this CPU has no avx512_bf16/amx_bf16"
 
 
 def _resolve(name: str, version_dir: Path) -> Path:
@@ -158,7 +192,10 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
     if not isinstance(raw, dict) or not isinstance(raw.get("model"), str):
         raise invalid_arg(f"{path}: a JSON object with a 'model' string is required")
     _refuse_lora(raw, path)
-    known = {f for f in EngineArgs.__dataclass_fields__} | {"enable_lora", "lora_modules"}
+    known = ({f for f in EngineArgs.__dataclass_fields__} - _INTERNAL) | {
+        "enable_lora",
+        "lora_modules",
+    }
     for key in sorted(raw):
         if key in NOT_APPLIED:
             log.info("model '%s': %s key '%s' is not applied yet", model_name, MODEL_JSON, key)
@@ -169,10 +206,14 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
     model = _resolve(raw["model"], version_dir)
     tokenizer = _resolve(raw["tokenizer"], version_dir) if raw.get("tokenizer") else model
     dtype = str(raw.get("dtype", "auto"))
-    if dtype == "float":  # vLLM's name for float32
+    source = "model.json"
+    if dtype == "auto":
+        dtype, source = auto_dtype(cpu_flags())
+    elif dtype == "float":  # vLLM's alias
         dtype = "float32"
-    if dtype in ("auto", "half", "float16"):
-        # CPUs have no fast float16 matmul: "auto" and float16 run float32 (bfloat16 if asked).
+    elif dtype in ("half", "float16"):
+        # CPUs have no fast float16 matmul: float16 runs float32 (bfloat16 if asked).
+        source = f"model.json {dtype!r} runs float32 on CPU"
         dtype = "float32"
     if dtype not in ("float32", "bfloat16"):
         raise invalid_arg(f"{path}: dtype must be auto, float32 or bfloat16, got {dtype!r}")
@@ -191,4 +232,7 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
         kv_cache_dtype=_kv_cache_dtype(raw, path),
         engine=_engine(raw, path),
         served_model_name=str(raw["served_model_name"]) if raw.get("served_model_name") else None,
+        kv_cache_memory_bytes=_int(raw, "kv_cache_memory_bytes", None),
+        block_size=_int(raw, "block_size", 16) or 16,
+        dtype_source=source,
     )

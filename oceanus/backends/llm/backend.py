@@ -166,15 +166,15 @@ class LlmInstance(RequestInstance):
         self.engine.on_flush = self._flush
         log.info(
             "model '%s': LLM engine '%s' ready in %.1f s (%s, max_model_len %d, %d slots, "
-            "KV budget %d tokens, prefill chunk %d)",
+            "prefill chunk %d; %s)",
             config.name,
             args.engine,
             time.monotonic() - started,
             args.model,
             self.engine.max_len,
             self.engine.slots,
-            self.engine.budget,
             self.engine.chunk,
+            self.engine.describe_memory(),
         )
         self.metrics: LlmMetrics | None = None
         if context.server is not None:

@@ -5,7 +5,8 @@ The queue, admission and finishing are scheduler.py's. Each step here
    batched forward pass (chunked prefill: a long prompt takes several steps, so the running
    streams never wait for more than one chunk),
 2. decodes one token for every sequence past its prompt, in one batched forward pass.
-Sequences join and leave between steps. The KV cache is a fixed set of slots (kv_cache.py).
+Sequences join and leave between steps. The KV cache is a pool grown as sequences grow, within
+the memory budget (kv_cache.py, memory.py).
 
 Nothing here knows Oceanus' requests: `submit` takes token ids, sampling parameters and a
 callback; the backend (backend.py) and the benchmarks (bench/llm.py) both drive it."""
@@ -64,13 +65,14 @@ class Engine(Scheduler):
         heads = int(config.num_attention_heads)
         head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
         kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        self.weights_bytes = loaded.weights_bytes
         self.cache = SlotCache(
             int(config.num_hidden_layers),
-            self.slots,
             kv_heads,
-            self.max_len + self.chunk,  # room for the padding of a batched prefill
             head_dim,
             loaded.kv_dtype,
+            max_tokens=self.budget,
+            block=args.block_size,
         )
         self._llg_tokenizer: Any = None  # llguidance's tokenizer, made on the first guided request
         self.threads = threads
@@ -90,6 +92,10 @@ class Engine(Scheduler):
             seq.generator = torch.Generator().manual_seed(
                 hash((self.args.seed, seq.arrival_ns)) & 0x7FFFFFFF
             )
+
+    def _release(self, seq: Sequence, reason: str) -> None:
+        super()._release(seq, reason)
+        self.cache.free(seq.slot)  # on the engine thread, between passes
 
     def _run(self) -> None:
         if self.threads:
@@ -123,12 +129,15 @@ class Engine(Scheduler):
         positions = torch.tensor(starts, dtype=torch.long)[:, None] + torch.arange(q)[None, :]
         kv_len = int(positions.max()) + 1
         rows = self.row_attention and q == 1
-        self.cache.bind([s.slot for s in seqs], positions, kv_len, whole=rows)
+        for seq, start in zip(seqs, starts, strict=True):
+            self.cache.reserve(seq.slot, start + q, seq.reserved)
+        offsets = [self.cache.offset(s.slot) for s in seqs]
+        self.cache.bind(offsets, positions, kv_len, whole=rows)
         mask = attention_mask(positions, kv_len, self.dtype)
         kwargs: dict[str, Any] = {self._cache_kw: self.cache}
         if rows:
             kwargs["slot_lengths"] = [start + 1 for start in starts]
-            kwargs["slot_rows"] = [s.slot for s in seqs]
+            kwargs["slot_offsets"] = offsets
         out = self.model(
             input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True, **kwargs
         )
@@ -148,27 +157,30 @@ class Engine(Scheduler):
         ids: list[int] = []
         q_seq: list[int] = []
         q_pos: list[int] = []
-        q_slot: list[int] = []
+        q_cell: list[int] = []
         k_seq: list[int] = []
         k_pos: list[int] = []
-        k_slot: list[int] = []
+        k_cell: list[int] = []
+        firsts: list[int] = []
+        for seq, chunk in zip(seqs, chunks, strict=True):
+            self.cache.reserve(seq.slot, seq.prefilled + len(chunk), seq.reserved)
         for index, (seq, chunk) in enumerate(zip(seqs, chunks, strict=True)):
             start, end = seq.prefilled, seq.prefilled + len(chunk)
+            first = self.cache.offset(seq.slot)
+            firsts.append(first)
             ids += chunk
             q_seq += [index] * len(chunk)
             q_pos += range(start, end)
-            q_slot += [seq.slot] * len(chunk)
+            q_cell += range(first + start, first + end)
             k_seq += [index] * end
             k_pos += range(end)
-            k_slot += [seq.slot] * end
+            k_cell += range(first, first + end)
         positions = torch.tensor([q_pos], dtype=torch.long)
         key_pos = torch.tensor(k_pos, dtype=torch.long)
         key_seq = torch.tensor(k_seq, dtype=torch.long)
         self.cache.bind_packed(
-            torch.tensor([q_slot], dtype=torch.long),
-            positions,
-            torch.tensor(k_slot, dtype=torch.long),
-            key_pos,
+            torch.tensor([q_cell], dtype=torch.long),
+            torch.tensor(k_cell, dtype=torch.long),
             whole=self.row_attention,
         )
         mask = packed_mask(
@@ -189,8 +201,8 @@ class Engine(Scheduler):
         kwargs: dict[str, Any] = {self._cache_kw: self.cache}
         if self.row_attention:
             kwargs["slot_chunks"] = [
-                (seq.slot, seq.prefilled - len(chunk), len(chunk))
-                for seq, chunk in zip(seqs, chunks, strict=True)
+                (first, seq.prefilled - len(chunk), len(chunk))
+                for first, seq, chunk in zip(firsts, seqs, chunks, strict=True)
             ]
         if self._keep_kw:
             kwargs["logits_to_keep"] = torch.tensor(rows or [last], dtype=torch.long)
@@ -205,9 +217,7 @@ class Engine(Scheduler):
             self._emit(done, (logits if self._keep_kw else logits[rows]).float())
 
     def _decode(self, seqs: list[Sequence]) -> None:
-        # In slot order: when the running sequences hold a run of consecutive slots (every slot
-        # busy, as under full load), the cache reads them as a view, with no gather.
-        seqs = sorted(seqs, key=lambda s: s.slot)
+        seqs = sorted(seqs, key=lambda s: s.slot)  # a stable order: the same batch each step
         tokens = [[s.generated[-1]] for s in seqs]
         starts = [len(s.prompt) + len(s.generated) - 1 for s in seqs]
         logits = self._forward(seqs, tokens, starts)

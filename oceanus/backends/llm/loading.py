@@ -28,6 +28,7 @@ class LoadedModel:
     model: Any
     dtype: torch.dtype
     kv_dtype: torch.dtype  # the KV cache's (model.json's kv_cache_dtype; "auto": `dtype`)
+    weights_bytes: int  # the parameters as loaded (before oneDNN packs the linears)
     packed_linears: int  # how many linears run on oneDNN (0: the default path)
     fused_mlps: int
     row_attention: bool
@@ -51,6 +52,7 @@ def load(
         model: Any = AutoModelForCausalLM.from_pretrained(
             args.model, dtype=dtype, trust_remote_code=args.trust_remote_code
         ).eval()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
     # The matmuls are most of a step: run them on oneDNN with packed weights (linear.py).
     packed = fused = 0
     if onednn_linears and linear.usable(dtype):
@@ -66,6 +68,7 @@ def load(
         model=model,
         dtype=dtype,
         kv_dtype=DTYPES.get(args.kv_cache_dtype, dtype),
+        weights_bytes=weights,
         packed_linears=packed,
         fused_mlps=fused,
         row_attention=rows,

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 from itertools import count
+from pathlib import Path
 from typing import Any
 
 from oceanus.backends.llm.args import EngineArgs
@@ -69,11 +70,23 @@ class OpenVinoEngine(Scheduler):
         properties["KV_CACHE_PRECISION"] = kv
         if threads:
             properties["INFERENCE_NUM_THREADS"] = threads
+        # The pipeline allocates its paged cache at load, in whole GB: what the admission
+        # budget needs (plus one prefill chunk per sequence and 10 % of headroom for its
+        # blocks, kv_cache_gb's), never more than the byte budget rounded up; admission keeps
+        # the reservations within what that holds.
+        needed = self.budget + self.slots * self.chunk
+        cache_gb = min(math.ceil(self.kv.bytes / 2**30), kv_cache_gb(config, needed, kv))
+        cache_gb = max(1, cache_gb)
+        fits = int(cache_gb * 2**30 / 1.1) // self.kv.per_token - self.slots * self.chunk
+        self.budget = max(self.max_len, min(self.budget, fits))
+        self.counters.budget_tokens = self.budget
         scheduler = {
             "max_num_seqs": self.slots,
             "max_num_batched_tokens": self.chunk,
             "dynamic_split_fuse": True,  # its chunked prefill, sharing steps with decode
-            "cache_size": kv_cache_gb(config, self.budget + self.slots * self.chunk, kv),
+            "cache_size": max(
+                cache_gb, kv_cache_gb(config, self.budget + self.slots * self.chunk, kv)
+            ),
             "enable_prefix_caching": False,
         }
         parent, child = socket.socketpair()
@@ -94,6 +107,8 @@ class OpenVinoEngine(Scheduler):
             raise unavailable(f"the openvino engine failed to start: {detail}")
         self.ir_dir = ready.ir_dir
         self.export_s = ready.export_s
+        # The weights the worker compiled (the IR's .bin files, fp32 as traced).
+        self.weights_bytes = sum(f.stat().st_size for f in Path(self.ir_dir).glob("*.bin"))
         self._rids = count(1)
         self._by_rid: dict[int, Sequence] = {}
         self._rid_of: dict[Sequence, int] = {}  # the ones sent (Sequence hashes by identity)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oceanus.backends.llm.args import EngineArgs
+from oceanus.backends.llm.memory import human, kv_budget
 from oceanus.core.errors import ErrorCode, InferenceServerError, internal, invalid_arg, unavailable
 from oceanus.core.generation import SamplingParams
 
@@ -98,7 +99,11 @@ class Scheduler:
         self.max_len = int(args.max_model_len or config.max_position_embeddings)
         self.slots = args.max_num_seqs
         self.chunk = args.max_num_batched_tokens
-        self.budget = max(args.kv_cache_tokens or self.slots * self.max_len, self.max_len)
+        # The KV budget (memory.py): bytes from model.json / the environment / the machine, and
+        # the tokens they buy, which admission reserves against.
+        self.kv = kv_budget(args, config, self.max_len, self.slots)
+        self.budget = self.kv.tokens
+        self.weights_bytes = 0  # the model's weights, for the load log (set by the subclass)
         eos = config.eos_token_id if config.eos_token_id is not None else None
         self.eos: int | None = eos[0] if isinstance(eos, list) else eos
         self.pad = int(config.pad_token_id if config.pad_token_id is not None else 0)
@@ -113,6 +118,13 @@ class Scheduler:
         self._cond = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+
+    def describe_memory(self) -> str:
+        """The load log's memory figures: dtype, weights, KV budget and the tokens it holds."""
+        return (
+            f"dtype {self.args.dtype} ({self.args.dtype_source}), weights "
+            f"{human(self.weights_bytes)}, {self.kv.describe()}"
+        )
 
     def _start(self) -> None:
         """Start the step loop (the subclass calls this once it is ready)."""
