@@ -12,7 +12,7 @@ import asyncio
 import base64
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,7 +24,7 @@ from oceanus.core.generation import GenerationInfo
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.http.infer import request_body
 from oceanus.frontends.http.protocol import HttpRequest, HttpResponse, Pending, Streamed
-from oceanus.frontends.openai import generation, plans, sampling, tokenizer, tools
+from oceanus.frontends.openai import generation, plans, sampling, tokenize_routes, tokenizer, tools
 from oceanus.frontends.openai.errors import (
     JSON,
     OpenAIError,
@@ -48,6 +48,9 @@ Outcome = HttpResponse | Pending | Streamed
 # --http-restricted-api groups of the OpenAI routes.
 _GROUPS = {"models": "metadata", "chat": "inference", "completions": "inference"}
 _GROUPS["embeddings"] = "inference"
+# vLLM's routes outside /v1, and their --http-restricted-api groups.
+SERVER_ROUTES = {"/health": "health", "/version": "metadata"}
+SERVER_ROUTES |= {"/tokenize": "inference", "/detokenize": "inference"}
 # The routes a frontend worker may answer itself (for a model whose engine takes typed requests).
 _PLANNED = ("chat/completions", "completions")
 
@@ -121,6 +124,8 @@ class OpenAIFrontend:
 
     def _dispatch(self, request: HttpRequest) -> Outcome:
         parts = request.path.split("/")[1:]
+        if request.path in SERVER_ROUTES:
+            return self._server_route(request)
         if parts[:1] != ["v1"] or len(parts) < 2:
             raise OpenAIError(404, f"Not Found: {request.path}")
         head = parts[1]
@@ -152,6 +157,24 @@ class OpenAIFrontend:
             return Streamed(self._streamed(body))
         return Pending(asyncio.ensure_future(self._generate(body)), _finish)
 
+    def _server_route(self, request: HttpRequest) -> Outcome:
+        """vLLM's routes outside /v1 (tokenize_routes.py)."""
+        path = request.path
+        if self.forward is not None:
+            return self.forward(request)
+        if self.restrictions:
+            self._check_restriction(request, SERVER_ROUTES[path])
+        if path == "/health":
+            _require(request, "GET")
+            return HttpResponse(200 if self.core.ready() else 503)
+        if path == "/version":
+            _require(request, "GET")
+            return _json(tokenize_routes.version())
+        _require(request, "POST")
+        data = request_body(request, self.max_input_size)
+        route = tokenize_routes.tokenize if path == "/tokenize" else tokenize_routes.detokenize
+        return Pending(asyncio.ensure_future(_as_json(route(self, data))), _finish)
+
     def _check_restriction(self, request: HttpRequest, group: str) -> None:
         """--http-restricted-api: the group's header, with the HTTP frontend's words."""
         rule = self.restrictions.get(group)
@@ -170,7 +193,21 @@ class OpenAIFrontend:
         return self._model_document(name)
 
     def _model_document(self, name: str) -> dict[str, Any]:
-        return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "oceanus"}
+        """OpenAI's model object, with vLLM's `root`, `parent` and `max_model_len`."""
+        info = self.core.generation_info(name)
+        if info is not None:
+            length: int | None = info.max_model_len
+        else:
+            length = tokenizer.max_model_len(Path(self._resolve(name).path))
+        return {
+            "id": name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "oceanus",
+            "root": name,
+            "parent": None,
+            "max_model_len": length,
+        }
 
     def _resolve(self, name: str) -> Any:
         try:
@@ -190,7 +227,7 @@ class OpenAIFrontend:
                 "model",
             )
 
-    async def _tokenizer(self, name: str) -> ModelTokenizer | None:
+    async def model_tokenizer(self, name: str) -> ModelTokenizer | None:
         version = self._resolve(name)
         key = (name, version.version, str(version.path))
         loading = self._tokenizers.get(key)
@@ -223,7 +260,7 @@ class OpenAIFrontend:
         self, body: ChatCompletionRequest | CompletionRequest
     ) -> tuple[plans.Plan, Any]:
         name = body.model
-        found = await self._tokenizer(name)
+        found = await self.model_tokenizer(name)
         self._require_inputs(name, "text_input")
         # The engine takes the ids tokenized here when they come from its own tokenizer.
         info = self.core.generation_info(name)
@@ -293,6 +330,15 @@ class OpenAIFrontend:
         name = body.model
         self._resolve(name)
         self._require_inputs(name, "embedding_request")
+        if self.core.generation_info(name) is not None:
+            # vLLM pools a decoder's last hidden state when started with --task embed; the
+            # engine here keeps no hidden states for a client, so a generating model says so.
+            raise bad_request(
+                f"model '{name}' is a generative model (it has a language-model head): it "
+                "serves chat and completions, not embeddings. Serve an embedding model (a "
+                "model without an LM head, or with sentence-transformers files) for this route",
+                "model",
+            )
         text_input = any(
             spec["name"] == "text_input" for spec in self.core.model_metadata(name)["inputs"]
         )
@@ -323,6 +369,10 @@ class OpenAIFrontend:
             data.append({"object": "embedding", "index": number, "embedding": value})
         usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
         return _json({"object": "list", "data": data, "model": name, "usage": usage})
+
+
+async def _as_json(document: Awaitable[Any]) -> HttpResponse:
+    return _json(await document)
 
 
 async def _one_response(responses: AsyncIterator[Any]) -> Any:

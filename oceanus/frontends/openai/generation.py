@@ -32,6 +32,7 @@ class Streams(Protocol):
 
 async def merged(core: Streams, plan: Plan) -> AsyncGenerator[tuple[int, Piece], None]:
     """(choice index, piece) of every response of the plan's requests, as they come."""
+    whole = results.WholeCharacters()
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
     streams = []
     for p, prompt in enumerate(plan.prompts):
@@ -57,7 +58,7 @@ async def merged(core: Streams, plan: Plan) -> AsyncGenerator[tuple[int, Piece],
         index, responses = streams[0]
         try:
             async for response in responses:
-                yield index, results.read(response)
+                yield index, whole(index, results.read(response))
         finally:
             await responses.aclose()  # type: ignore[attr-defined]
         return
@@ -82,7 +83,7 @@ async def merged(core: Streams, plan: Plan) -> AsyncGenerator[tuple[int, Piece],
             elif isinstance(item, Exception):
                 raise item
             else:
-                yield index, results.read(item)
+                yield index, whole(index, results.read(item))
     finally:
         for task in tasks:
             task.cancel()
@@ -230,6 +231,25 @@ class _ChatStream:
 
 async def stream_events(core: Streams, plan: Plan, count: Any) -> AsyncIterator[bytes]:
     """The server-sent events of a streaming request (after its 200 head)."""
+    async with contextlib.aclosing(chunks(core, plan, count)) as documents:
+        async for document in documents:
+            yield event(document)
+    yield DONE_EVENT
+
+
+async def _prepend(
+    first: tuple[int, Piece] | None, rest: AsyncIterator[tuple[int, Piece]]
+) -> AsyncIterator[tuple[int, Piece]]:
+    if first is not None:
+        yield first
+    async for item in rest:
+        yield item
+
+
+async def chunks(core: Streams, plan: Plan, count: Any) -> AsyncGenerator[dict[str, Any], None]:
+    """The chunks of a streaming request, as documents. Nothing comes before the model's first
+    response: a request the engine refuses (the OpenVINO engine checks at its first step) is
+    then an error reply before the stream's 200 head, not an error event inside it."""
     kind = "chat.completion.chunk" if plan.chat else "text_completion"
     total = len(plan.prompts) * plan.n
     head: dict[str, Any] = {"id": plan.id, "object": kind, "created": plan.created}
@@ -238,20 +258,21 @@ async def stream_events(core: Streams, plan: Plan, count: Any) -> AsyncIterator[
 
     def chunk(
         index: int, body: dict[str, Any], finish: str | None = None, logprobs: Any = None
-    ) -> bytes:
+    ) -> dict[str, Any]:
         choice = {"index": index, **body, "logprobs": logprobs, "finish_reason": finish}
-        return event({**head, "choices": [choice], **usage_field})
+        return {**head, "choices": [choice], **usage_field}
 
     choices = [Choice() for _ in range(total)]
     chats = [_ChatStream(plan) for _ in range(total)]
-    if plan.chat:
-        for index in range(total):
-            yield chunk(index, {"delta": {"role": "assistant", "content": ""}})
-    elif plan.echo:
-        for index in range(total):
-            yield chunk(index, {"text": plan.prompts[index // plan.n].text})
     async with contextlib.aclosing(merged(core, plan)) as pieces:
-        async for index, piece in pieces:
+        first = await anext(pieces, None)
+        if plan.chat:
+            for index in range(total):
+                yield chunk(index, {"delta": {"role": "assistant", "content": ""}})
+        elif plan.echo:
+            for index in range(total):
+                yield chunk(index, {"text": plan.prompts[index // plan.n].text})
+        async for index, piece in _prepend(first, pieces):
             choice = choices[index]
             choice.add(piece)
             final = piece.finish_reason is not None
@@ -282,5 +303,4 @@ async def stream_events(core: Streams, plan: Plan, count: Any) -> AsyncIterator[
                     finish = "tool_calls" if finish == "stop" else finish
                 yield chunk(index, {"delta": {}}, finish)
     if plan.include_usage:
-        yield event({**head, "choices": [], "usage": _usage(plan, choices, count)})
-    yield DONE_EVENT
+        yield {**head, "choices": [], "usage": _usage(plan, choices, count)}

@@ -14,15 +14,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oceanus.frontends.openai import sampling
-from oceanus.frontends.openai.errors import bad_request
+from oceanus.frontends.openai.errors import OpenAIError, bad_request
 from oceanus.frontends.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    Message,
     NamedToolChoice,
     ResponseFormat,
 )
 from oceanus.frontends.openai.tokenizer import ModelTokenizer
 from oceanus.frontends.openai.tools import Parser
+
+COMPLETION_MAX_TOKENS = 16
 
 
 @dataclass
@@ -113,11 +116,22 @@ def _response_format(response_format: ResponseFormat | None, parameters: dict[st
     _guide(parameters, {"json": schema}, "response_format")
 
 
-def _messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
+def template_messages(messages: list[Message]) -> list[dict[str, Any]]:
     """The messages as the template reads them (dicts, with any fields the client added)."""
     shown = []
-    for message in body.messages:
+    for number, message in enumerate(messages):
         item = message.model_dump(exclude_none=True)
+        if message.content is None:
+            if message.role != "assistant" or not message.tool_calls:
+                # OpenAI's words and param for a message without content (an assistant's may
+                # go without when it carries tool calls: the openai SDK sends those back so).
+                raise OpenAIError(
+                    400,
+                    f"Missing required parameter: 'messages[{number}].content'.",
+                    f"messages.[{number}].content",
+                    "missing_required_parameter",
+                )
+            item["content"] = ""  # templates concatenate it, as vLLM renders it
         if message.role == "developer":  # OpenAI's newer name; templates know "system"
             item["role"] = "system"
         if isinstance(message.content, list):
@@ -209,7 +223,7 @@ def chat_plan(
     typed: bool = False,
 ) -> Plan:
     include_usage = body.include_usage()
-    messages = _messages(body)
+    messages = template_messages(body.messages)
     asked = body.max_completion_tokens or body.max_tokens
     top = body.top_logprobs
     if top is not None and not body.logprobs:
@@ -281,6 +295,8 @@ def completion_plan(
     if body.best_of is not None and body.best_of != body.n:
         raise bad_request("'best_of' is not supported (other than equal to 'n')", "best_of")
     asked = body.max_tokens
+    # OpenAI's and vLLM's default for completions (chat's is what the context leaves).
+    default = COMPLETION_MAX_TOKENS if asked is None else None
     top = body.logprobs
     parameters = _parameters(body, tokenizer)
     if top is not None:
@@ -290,7 +306,10 @@ def completion_plan(
     prompts = []
     for text, ids in _prompts(body, tokenizer):
         count = len(ids) if ids is not None else None
-        prompts.append(Prompt(text, count, _room(count, asked, context, "prompt"), ids))
+        room = _room(count, asked, context, "prompt")
+        if default is not None:
+            room = default if room is None else min(default, room)
+        prompts.append(Prompt(text, count, room, ids))
     return Plan(
         chat=False,
         model=body.model,

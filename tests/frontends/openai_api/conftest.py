@@ -1,0 +1,48 @@
+"""One server for the tests of the routes vLLM's clients use beside chat and completions
+(tokenize, the Responses API, Anthropic's messages): the tiny language model, as `llm`, with
+tool calls in Hermes' format."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import ServerProcess
+
+CONTEXT = 256
+
+
+@pytest.fixture(scope="session")
+def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    from oceanus.examples.llm import write_llm_model
+
+    repository = tmp_path_factory.mktemp("vllm_routes")
+    folder = write_llm_model(repository, "llm", engine_args={"max_model_len": CONTEXT})
+    with open(folder / "config.pbtxt", "a") as config:
+        config.write('parameters { key: "tool_call_parser" value { string_value: "hermes" } }\n')
+    process = ServerProcess([repository])
+    try:
+        process.wait_live()
+        yield process
+    finally:
+        process.stop()
+
+
+def call(server: Any, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+    """(status, body) of one plain HTTP request to the server."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://{server.http_url}{path}", data, method=method)
+    request.add_header("content-type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
