@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,7 +25,16 @@ from oceanus.core.generation import GenerationInfo
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.http.infer import request_body
 from oceanus.frontends.http.protocol import HttpRequest, HttpResponse, Pending, Streamed
-from oceanus.frontends.openai import generation, plans, sampling, tokenize_routes, tokenizer, tools
+from oceanus.frontends.openai import (
+    anthropic,
+    generation,
+    plans,
+    responses,
+    sampling,
+    tokenize_routes,
+    tokenizer,
+    tools,
+)
 from oceanus.frontends.openai.errors import (
     JSON,
     OpenAIError,
@@ -105,6 +115,8 @@ class OpenAIFrontend:
             for category, (header, value) in (restrictions or {}).items()
         }
         self.max_input_size = max_input_size
+        # The Responses API's stored responses (store: true), for previous_response_id.
+        self.responses = responses.ResponseStore()
         # One load per model version, shared by the requests that arrive while it runs.
         self._tokenizers: dict[tuple[str, int, str], asyncio.Future[ModelTokenizer | None]] = {}
 
@@ -119,8 +131,9 @@ class OpenAIFrontend:
     def handle(self, request: HttpRequest) -> Outcome:
         try:
             return self._dispatch(request)
-        except Exception as exc:  # every failure answers in OpenAI's shape
-            return as_openai_error(exc).response()
+        except Exception as exc:  # every failure answers in its API's shape (OpenAI's mostly)
+            shape = anthropic.SHAPE if request.path.startswith("/v1/messages") else OPENAI_SHAPE
+            return shape.reply(exc)
 
     def _dispatch(self, request: HttpRequest) -> Outcome:
         parts = request.path.split("/")[1:]
@@ -133,6 +146,10 @@ class OpenAIFrontend:
             return self.forward(request)
         if self.restrictions:
             self._check_restriction(request, _GROUPS.get(head, ""))
+        if head == "messages":  # Anthropic's Messages API (anthropic.py)
+            return anthropic.route(self, request, parts[2:])
+        if head == "responses":  # OpenAI's Responses API (responses.py)
+            return responses.route(self, request, parts[2:])
         if head == "models":
             _require(request, "GET")
             if len(parts) == 2:
@@ -154,7 +171,7 @@ class OpenAIFrontend:
         if self.forward is not None and self.core.generation_info(body.model) is None:
             return self.forward(request)
         if body.stream:
-            return Streamed(self._streamed(body))
+            return Streamed(stream_reply(self._events(body), OPENAI_SHAPE))
         return Pending(asyncio.ensure_future(self._generate(body)), _finish)
 
     def _server_route(self, request: HttpRequest) -> Outcome:
@@ -173,7 +190,7 @@ class OpenAIFrontend:
         _require(request, "POST")
         data = request_body(request, self.max_input_size)
         route = tokenize_routes.tokenize if path == "/tokenize" else tokenize_routes.detokenize
-        return Pending(asyncio.ensure_future(_as_json(route(self, data))), _finish)
+        return pending(route(self, data), OPENAI_SHAPE)
 
     def _check_restriction(self, request: HttpRequest, group: str) -> None:
         """--http-restricted-api: the group's header, with the HTTP frontend's words."""
@@ -256,9 +273,7 @@ class OpenAIFrontend:
 
     # ---- chat and completions ---------------------------------------------------------------
 
-    async def _plan(
-        self, body: ChatCompletionRequest | CompletionRequest
-    ) -> tuple[plans.Plan, Any]:
+    async def plan(self, body: ChatCompletionRequest | CompletionRequest) -> tuple[plans.Plan, Any]:
         name = body.model
         found = await self.model_tokenizer(name)
         self._require_inputs(name, "text_input")
@@ -296,33 +311,30 @@ class OpenAIFrontend:
         return plan, count
 
     async def _generate(self, body: ChatCompletionRequest | CompletionRequest) -> HttpResponse:
-        plan, count = await self._plan(body)
+        plan, count = await self.plan(body)
         return _json(await generation.complete(self.core, plan, count))
 
-    async def _streamed(
+    async def _events(
         self, body: ChatCompletionRequest | CompletionRequest
-    ) -> AsyncIterator[HttpResponse | bytes]:
-        """A streaming reply: the head once the request is accepted (a refused one is an
-        ordinary error reply), then its events. A failure mid-stream is an error event."""
-        try:
-            plan, count = await self._plan(body)
-            events = generation.stream_events(self.core, plan, count)
-            first = await anext(events)
-        except Exception as exc:
-            error = as_openai_error(exc)
-            yield HttpResponse(error.status, headers=[(b"content-type", JSON)])
-            yield orjson.dumps(error.document())
-            return
-        yield HttpResponse(200, headers=list(EVENT_STREAM))
-        try:
-            yield first
+    ) -> AsyncGenerator[bytes, None]:
+        plan, count = await self.plan(body)
+        async with contextlib.aclosing(generation.stream_events(self.core, plan, count)) as events:
             async for part in events:
                 yield part
-        except Exception as exc:
-            yield generation.event(as_openai_error(exc).document())
-            yield generation.DONE_EVENT
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]
+
+    # ---- chat for the other APIs (responses.py, anthropic.py) -------------------------------
+
+    async def chat(self, body: ChatCompletionRequest) -> tuple[plans.Plan, dict[str, Any]]:
+        """A chat completion (one choice) through the chat route's plan: its document."""
+        plan, count = await self.plan(body)
+        return plan, await generation.complete(self.core, plan, count)
+
+    async def chat_chunks(
+        self, body: ChatCompletionRequest
+    ) -> tuple[plans.Plan, AsyncGenerator[dict[str, Any], None]]:
+        """A streaming chat through the chat route's plan: its chunks, as documents."""
+        plan, count = await self.plan(body)
+        return plan, generation.chunks(self.core, plan, count)
 
     # ---- embeddings -------------------------------------------------------------------------
 
@@ -371,10 +383,6 @@ class OpenAIFrontend:
         return _json({"object": "list", "data": data, "model": name, "usage": usage})
 
 
-async def _as_json(document: Awaitable[Any]) -> HttpResponse:
-    return _json(await document)
-
-
 async def _one_response(responses: AsyncIterator[Any]) -> Any:
     found = None
     async for response in responses:
@@ -396,6 +404,64 @@ def _embedding(response: Any) -> tuple[np.ndarray, int]:
     if vector is None:
         raise OpenAIError(500, "the model's response has no 'text_output'")
     return vector, tokens
+
+
+class ErrorShape(Protocol):
+    """How an API writes a failure: as the reply, and as an event once its stream began."""
+
+    def reply(self, exc: BaseException) -> HttpResponse: ...
+
+    def event(self, exc: BaseException) -> bytes: ...
+
+
+class _OpenAIShape:
+    def reply(self, exc: BaseException) -> HttpResponse:
+        return as_openai_error(exc).response()
+
+    def event(self, exc: BaseException) -> bytes:
+        return generation.event(as_openai_error(exc).document()) + generation.DONE_EVENT
+
+
+OPENAI_SHAPE = _OpenAIShape()
+
+
+async def stream_reply(
+    events: AsyncGenerator[bytes, None], shape: ErrorShape
+) -> AsyncIterator[HttpResponse | bytes]:
+    """A streaming reply: the head once the first event is ready (a request refused before,
+    by the plan or the engine's first step, is an ordinary error reply), then the events. A
+    failure mid-stream is the API's error event."""
+    try:
+        first = await anext(events)
+    except Exception as exc:
+        await events.aclose()
+        error = shape.reply(exc)
+        yield HttpResponse(error.status, headers=error.headers)
+        yield bytes(error.body)
+        return
+    yield HttpResponse(200, headers=list(EVENT_STREAM))
+    try:
+        yield first
+        async for part in events:
+            yield part
+    except Exception as exc:
+        yield shape.event(exc)
+    finally:
+        await events.aclose()
+
+
+def pending(work: Awaitable[Any], shape: ErrorShape) -> Pending:
+    """A reply computed later (a JSON document), failures in the API's shape."""
+
+    def finish(future: asyncio.Future[Any]) -> HttpResponse:
+        exc = future.exception()
+        return shape.reply(exc) if exc is not None else _json(future.result())
+
+    return Pending(asyncio.ensure_future(_awaited(work)), finish)
+
+
+async def _awaited(work: Awaitable[Any]) -> Any:
+    return await work
 
 
 def _require(request: HttpRequest, method: str) -> None:

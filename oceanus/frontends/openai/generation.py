@@ -229,7 +229,7 @@ class _ChatStream:
         return (calls, "") if calls else ([], held)
 
 
-async def stream_events(core: Streams, plan: Plan, count: Any) -> AsyncIterator[bytes]:
+async def stream_events(core: Streams, plan: Plan, count: Any) -> AsyncGenerator[bytes, None]:
     """The server-sent events of a streaming request (after its 200 head)."""
     async with contextlib.aclosing(chunks(core, plan, count)) as documents:
         async for document in documents:
