@@ -57,7 +57,7 @@ EVENT_STREAM = [
 Outcome = HttpResponse | Pending | Streamed
 # --http-restricted-api groups of the OpenAI routes.
 _GROUPS = {"models": "metadata", "chat": "inference", "completions": "inference"}
-_GROUPS["embeddings"] = "inference"
+_GROUPS |= {"embeddings": "inference", "responses": "inference", "messages": "inference"}
 # vLLM's routes outside /v1, and their --http-restricted-api groups.
 SERVER_ROUTES = {"/health": "health", "/version": "metadata"}
 SERVER_ROUTES |= {"/tokenize": "inference", "/detokenize": "inference"}

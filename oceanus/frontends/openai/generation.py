@@ -145,8 +145,9 @@ async def complete(core: Streams, plan: Plan, count: Any) -> dict[str, Any]:
     async with contextlib.aclosing(merged(core, plan)) as pieces:
         async for index, piece in pieces:
             choices[index].add(piece)
+    usage = _usage(plan, choices, count)  # best_of: every generated choice counts, as OpenAI's
     documents = []
-    for index, choice in enumerate(choices):
+    for index, (number, choice) in enumerate(_kept(plan, choices)):
         if plan.chat:
             message, finish = _chat_message(plan, choice)
             logprobs = (
@@ -158,10 +159,10 @@ async def complete(core: Streams, plan: Plan, count: Any) -> dict[str, Any]:
                 {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
             )
             continue
-        prompt = plan.prompts[index // plan.n].text if plan.echo else ""
+        prompt = plan.prompts[number // plan.n].text if plan.echo else ""
         logprobs = (
             results.completion_logprobs(choice.logprobs, plan.logprobs, len(prompt))
-            if plan.logprobs is not None
+            if plan.logprobs is not None and plan.show_logprobs
             else None
         )
         documents.append(
@@ -178,8 +179,22 @@ async def complete(core: Streams, plan: Plan, count: Any) -> dict[str, Any]:
         "created": plan.created,
         "model": plan.model,
         "choices": documents,
-        "usage": _usage(plan, choices, count),
+        "usage": usage,
     }
+
+
+def _kept(plan: Plan, choices: list[Choice]) -> list[tuple[int, Choice]]:
+    """(number, choice) of the choices the reply shows: all, or with `best_of` the `keep`
+    likeliest of each prompt's (the highest sum of their tokens' logprobs), as vLLM's."""
+    numbered = list(enumerate(choices))
+    if plan.keep is None:
+        return numbered
+    kept = []
+    for start in range(0, len(numbered), plan.n):
+        group = numbered[start : start + plan.n]
+        group.sort(key=lambda item: -sum(step[0][1] for step in item[1].logprobs if step))
+        kept += group[: plan.keep]
+    return kept
 
 
 def event(document: Any) -> bytes:

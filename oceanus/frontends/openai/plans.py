@@ -16,6 +16,7 @@ from typing import Any
 from oceanus.frontends.openai import sampling
 from oceanus.frontends.openai.errors import OpenAIError, bad_request
 from oceanus.frontends.openai.protocol import (
+    MAX_N,
     ChatCompletionRequest,
     CompletionRequest,
     Message,
@@ -47,6 +48,10 @@ class Plan:
     include_usage: bool = False
     echo: bool = False
     logprobs: int | None = None  # top logprobs to return (None: no logprobs)
+    # best_of: `n` is how many are generated per prompt, `keep` how many the reply shows (the
+    # likeliest, by their logprobs, which the client may not have asked to see).
+    keep: int | None = None
+    show_logprobs: bool = True
     parser: Parser | None = None  # tool calls are parsed from the reply
     named_tool: str | None = None  # tool_choice named this function
     # The model is the built-in engine: its requests carry the prompts' ids and typed sampling
@@ -292,13 +297,21 @@ def completion_plan(
     include_usage = body.include_usage()
     if body.suffix is not None:
         raise bad_request("'suffix' is not supported", "suffix")
-    if body.best_of is not None and body.best_of != body.n:
-        raise bad_request("'best_of' is not supported (other than equal to 'n')", "best_of")
+    best_of = body.best_of if body.best_of is not None and body.best_of != body.n else None
+    if best_of is not None:  # vLLM's rules
+        if best_of < body.n:
+            raise bad_request("'best_of' must be at least 'n'", "best_of")
+        if best_of > MAX_N:
+            raise bad_request(f"'best_of' must be at most {MAX_N}", "best_of")
+        if body.stream:
+            raise bad_request("'best_of' greater than 'n' cannot be streamed", "best_of")
     asked = body.max_tokens
     # OpenAI's and vLLM's default for completions (chat's is what the context leaves).
     default = COMPLETION_MAX_TOKENS if asked is None else None
     top = body.logprobs
     parameters = _parameters(body, tokenizer)
+    if best_of is not None and top is None:
+        top = 0  # the choices are ranked by their tokens' logprobs
     if top is not None:
         parameters["logprobs"] = top
     _response_format(body.response_format, parameters)
@@ -315,11 +328,13 @@ def completion_plan(
         model=body.model,
         prompts=prompts,
         parameters=parameters,
-        n=body.n,
+        n=best_of or body.n,
         stream=body.stream,
         include_usage=include_usage,
         echo=body.echo,
         logprobs=top,
+        keep=body.n if best_of is not None else None,
+        show_logprobs=body.logprobs is not None,
         typed=typed and tokenizer is not None,
         id=f"cmpl-{uuid.uuid4().hex}",
     )

@@ -12,6 +12,13 @@ import pytest
 from tests.conftest import ServerProcess
 
 CONTEXT = 256
+# A tool's parameters (its city short, so that a random model's call ends soon).
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 8}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
 
 
 @pytest.fixture(scope="session")
@@ -30,6 +37,19 @@ def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield process
     finally:
         process.stop()
+
+
+@pytest.fixture(scope="session")
+def client_of(llm_server: Any) -> Any:
+    """The official client of an API (its module's name), on the server; skips without it."""
+
+    def make(name: str) -> Any:
+        module = pytest.importorskip(name)
+        if name == "anthropic":  # its base_url has no /v1: the client adds it
+            return module.Anthropic(base_url=f"http://{llm_server.http_url}", api_key="unused")
+        return module.OpenAI(base_url=f"http://{llm_server.http_url}/v1", api_key="unused")
+
+    return make
 
 
 def call(server: Any, method: str, path: str, body: Any = None) -> tuple[int, bytes]:

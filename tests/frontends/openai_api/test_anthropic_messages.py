@@ -10,25 +10,14 @@ import pytest
 
 anthropic = pytest.importorskip("anthropic")
 
-TOOL = {
-    "name": "weather",
-    "description": "The weather in a city",
-    "input_schema": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 8}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-}
+from tests.frontends.openai_api.conftest import WEATHER  # noqa: E402
+
+TOOL = {"name": "weather", "description": "The weather in a city", "input_schema": WEATHER}
 
 
-@pytest.fixture(scope="module")
-def client(llm_server: Any) -> Any:
-    return anthropic.Anthropic(base_url=f"http://{llm_server.http_url}", api_key="unused")
-
-
-def test_a_tool_loop(client: Any) -> None:
+def test_a_tool_loop(client_of: Any) -> None:
     """The model has random weights: the named tool's grammar makes its reply a valid call."""
+    client = client_of("anthropic")
     pytest.importorskip("llguidance")
     ask = [{"role": "user", "content": "Weather in Paris?"}]
     reply = client.messages.create(
@@ -60,7 +49,8 @@ def test_a_tool_loop(client: Any) -> None:
     assert after.stop_reason in ("max_tokens", "end_turn", "tool_use")
 
 
-def test_stream_equals_whole_reply(client: Any) -> None:
+def test_stream_equals_whole_reply(client_of: Any) -> None:
+    client = client_of("anthropic")
     # (this client's signature has no sampling parameters: they go as extra fields)
     ask: dict[str, Any] = {"model": "llm", "max_tokens": 8, "extra_body": {"temperature": 0}}
     ask["messages"] = [{"role": "user", "content": "Hello"}]
@@ -78,7 +68,8 @@ def test_stream_equals_whole_reply(client: Any) -> None:
     assert final.usage.output_tokens == whole.usage.output_tokens == 8
 
 
-def test_count_tokens_and_errors(client: Any) -> None:
+def test_count_tokens_and_errors(client_of: Any) -> None:
+    client = client_of("anthropic")
     messages = [{"role": "user", "content": "Hello there"}]
     counted = client.messages.count_tokens(model="llm", messages=messages)
     reply = client.messages.create(model="llm", max_tokens=1, messages=messages)

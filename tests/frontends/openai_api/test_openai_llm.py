@@ -272,3 +272,20 @@ def test_logit_bias_forces_and_bans_tokens(client: Any) -> None:
             client.completions.create(**ask, logit_bias=bias)
         assert words in caught.value.body["message"]
         assert caught.value.body["param"] == "logit_bias"
+
+
+def test_best_of_keeps_the_likeliest(client: Any) -> None:
+    """best_of 3 generates the three choices n=3 would (seed, seed+1, seed+2) and shows the
+    one whose tokens' logprobs sum highest, as vLLM; every generated token counts in usage."""
+    ask = {"model": "llm", "prompt": "The weather", "max_tokens": 5, "seed": 5}
+    ask["extra_body"] = {"ignore_eos": True}
+    three = client.completions.create(**ask, n=3, logprobs=0)
+    likeliest = max(three.choices, key=lambda c: sum(c.logprobs.token_logprobs))
+    best = client.completions.create(**ask, best_of=3)
+    (choice,) = best.choices
+    assert choice.text == likeliest.text and choice.index == 0 and choice.logprobs is None
+    assert best.usage.completion_tokens == three.usage.completion_tokens == 15
+    for wrong in ({"best_of": 1, "n": 2}, {"best_of": 3, "stream": True}):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.completions.create(**ask, **wrong)
+        assert caught.value.body["param"] == "best_of"

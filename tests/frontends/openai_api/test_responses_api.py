@@ -11,26 +11,14 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-TOOL = {
-    "type": "function",
-    "name": "weather",
-    "description": "The weather in a city",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 8}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-}
+from tests.frontends.openai_api.conftest import WEATHER  # noqa: E402
+
+TOOL = {"type": "function", "name": "weather", "parameters": WEATHER}
 
 
-@pytest.fixture(scope="module")
-def client(llm_server: Any) -> Any:
-    return openai.OpenAI(base_url=f"http://{llm_server.http_url}/v1", api_key="unused")
-
-
-def test_a_tool_loop_with_the_store(client: Any) -> None:
+def test_a_tool_loop_with_the_store(client_of: Any) -> None:
     """Random weights: the named tool's grammar makes the reply a valid call."""
+    client = client_of("openai")
     pytest.importorskip("llguidance")
     first = client.responses.create(
         model="llm",
@@ -66,7 +54,8 @@ def test_a_tool_loop_with_the_store(client: Any) -> None:
         client.responses.retrieve(unstored.id)
 
 
-def test_stream_events_and_text(client: Any) -> None:
+def test_stream_events_and_text(client_of: Any) -> None:
+    client = client_of("openai")
     ask: dict[str, Any] = {"model": "llm", "input": "Hello", "max_output_tokens": 8}
     ask["temperature"] = 0
     whole = client.responses.create(**ask)
@@ -87,7 +76,8 @@ def test_stream_events_and_text(client: Any) -> None:
     assert final.usage.output_tokens == whole.usage.output_tokens == 8
 
 
-def test_json_schema_format(client: Any) -> None:
+def test_json_schema_format(client_of: Any) -> None:
+    client = client_of("openai")
     pytest.importorskip("llguidance")
     schema = {
         "type": "object",
