@@ -50,7 +50,7 @@ DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
 Outcome = HttpResponse | Pending | Streamed
 
 
-_OPENAI_HEADS = frozenset({"v1", "health", "version", "tokenize", "detokenize"})
+_OPENAI_HEADS = frozenset({"v1", "health", "version", "tokenize", "detokenize", "score", "rerank"})
 
 
 class HttpFrontend:

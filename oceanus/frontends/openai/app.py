@@ -31,6 +31,7 @@ from oceanus.frontends.openai import (
     plans,
     responses,
     sampling,
+    score_routes,
     tokenize_routes,
     tokenizer,
     tools,
@@ -58,9 +59,11 @@ Outcome = HttpResponse | Pending | Streamed
 # --http-restricted-api groups of the OpenAI routes.
 _GROUPS = {"models": "metadata", "chat": "inference", "completions": "inference"}
 _GROUPS |= {"embeddings": "inference", "responses": "inference", "messages": "inference"}
+_GROUPS |= {"score": "inference", "rerank": "inference"}
 # vLLM's routes outside /v1, and their --http-restricted-api groups.
 SERVER_ROUTES = {"/health": "health", "/version": "metadata"}
 SERVER_ROUTES |= {"/tokenize": "inference", "/detokenize": "inference"}
+SERVER_ROUTES |= {"/score": "inference", "/rerank": "inference"}
 # The routes a frontend worker may answer itself (for a model whose engine takes typed requests).
 _PLANNED = ("chat/completions", "completions")
 
@@ -156,6 +159,8 @@ class OpenAIFrontend:
                 return _json(self._models())
             return _json(self._model(parts[2]))
         route = "/".join(parts[1:])
+        if route in ("score", "rerank"):
+            return self._score(request, route)
         if route not in ("chat/completions", "completions", "embeddings"):
             raise OpenAIError(404, f"Not Found: {request.path}")
         _require(request, "POST")
@@ -187,10 +192,19 @@ class OpenAIFrontend:
         if path == "/version":
             _require(request, "GET")
             return _json(tokenize_routes.version())
+        if path in ("/score", "/rerank"):
+            return self._score(request, path[1:])
         _require(request, "POST")
         data = request_body(request, self.max_input_size)
         route = tokenize_routes.tokenize if path == "/tokenize" else tokenize_routes.detokenize
         return pending(route(self, data), OPENAI_SHAPE)
+
+    def _score(self, request: HttpRequest, route: str) -> Outcome:
+        """vLLM's /v1/score and /v1/rerank (score_routes.py), also without /v1 as vLLM's."""
+        _require(request, "POST")
+        data = request_body(request, self.max_input_size)
+        work = score_routes.score if route == "score" else score_routes.rerank
+        return pending(work(self, data), OPENAI_SHAPE)
 
     def _check_restriction(self, request: HttpRequest, group: str) -> None:
         """--http-restricted-api: the group's header, with the HTTP frontend's words."""
@@ -340,6 +354,25 @@ class OpenAIFrontend:
 
     async def _embeddings(self, body: EmbeddingRequest) -> HttpResponse:
         name = body.model
+        items: list[Any] = (
+            [body.input]
+            if isinstance(body.input, str) or isinstance(body.input[0], int)
+            else list(body.input)
+        )
+        vectors, prompt_tokens = await self.embed(name, items, body.dimensions)
+        data = []
+        for number, vector in enumerate(vectors):
+            value: Any = vector.tolist()
+            if body.encoding_format == "base64":
+                value = base64.b64encode(vector.astype("<f4").tobytes()).decode()
+            data.append({"object": "embedding", "index": number, "embedding": value})
+        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+        return _json({"object": "list", "data": data, "model": name, "usage": usage})
+
+    async def embed(
+        self, name: str, items: list[Any], dimensions: int | None = None
+    ) -> tuple[list[np.ndarray], int]:
+        """Each item's vector (a text or token ids) from an embedding model; the input tokens."""
         self._resolve(name)
         self._require_inputs(name, "embedding_request")
         if self.core.generation_info(name) is not None:
@@ -354,13 +387,6 @@ class OpenAIFrontend:
         text_input = any(
             spec["name"] == "text_input" for spec in self.core.model_metadata(name)["inputs"]
         )
-        encoding = body.encoding_format
-        items: list[Any] = (
-            [body.input]
-            if isinstance(body.input, str) or isinstance(body.input[0], int)
-            else list(body.input)
-        )
-        dimensions = body.dimensions
         requests = []
         for number, item in enumerate(items):
             document: dict[str, Any] = {"input": item}
@@ -370,17 +396,12 @@ class OpenAIFrontend:
                 name, "", document, f"embd-{uuid.uuid4().hex}-{number}", text_input
             )
             requests.append(_one_response(self.core.infer_stream(request)))
-        responses = await asyncio.gather(*requests)
-        data, prompt_tokens = [], 0
-        for number, response in enumerate(responses):
+        vectors, prompt_tokens = [], 0
+        for response in await asyncio.gather(*requests):
             vector, tokens = _embedding(response)
+            vectors.append(vector)
             prompt_tokens += tokens
-            value: Any = vector.tolist()
-            if encoding == "base64":
-                value = base64.b64encode(vector.astype("<f4").tobytes()).decode()
-            data.append({"object": "embedding", "index": number, "embedding": value})
-        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
-        return _json({"object": "list", "data": data, "model": name, "usage": usage})
+        return vectors, prompt_tokens
 
 
 async def _one_response(responses: AsyncIterator[Any]) -> Any:

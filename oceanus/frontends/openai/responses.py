@@ -228,7 +228,11 @@ def _response(body: ResponsesRequest, response_id: str, created: int) -> dict[st
         "store": body.store,
         "temperature": body.temperature,
         "text": {"format": form.model_dump(by_alias=True) if form else {"type": "text"}},
-        "tool_choice": body.tool_choice if isinstance(body.tool_choice, str) else "auto",
+        "tool_choice": (
+            body.tool_choice.model_dump()
+            if isinstance(body.tool_choice, NamedFunction)
+            else body.tool_choice or "auto"
+        ),
         "tools": [tool.model_dump() for tool in body.tools or []],
         "top_p": body.top_p,
         "truncation": "disabled",

@@ -1,6 +1,6 @@
 """One server for the tests of the routes vLLM's clients use beside chat and completions
-(tokenize, the Responses API, Anthropic's messages): the tiny language model, as `llm`, with
-tool calls in Hermes' format."""
+(tokenize, score, the Responses API, Anthropic's messages): the tiny language model, as `llm`,
+with tool calls in Hermes' format, and a small embedding model, as `embedder`."""
 
 from __future__ import annotations
 
@@ -25,12 +25,14 @@ WEATHER = {
 def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     pytest.importorskip("transformers")
     pytest.importorskip("torch")
+    from oceanus.examples.embedder import write_embedding_model
     from oceanus.examples.llm import write_llm_model
 
     repository = tmp_path_factory.mktemp("vllm_routes")
     folder = write_llm_model(repository, "llm", engine_args={"max_model_len": CONTEXT})
     with open(folder / "config.pbtxt", "a") as config:
         config.write('parameters { key: "tool_call_parser" value { string_value: "hermes" } }\n')
+    write_embedding_model(repository, "embedder")  # /v1/score and /v1/rerank
     process = ServerProcess([repository])
     try:
         process.wait_live()
