@@ -191,7 +191,9 @@ def _chat(body: CountTokensRequest, stream: bool = False) -> ChatCompletionReque
 
 async def _count_tokens(frontend: OpenAIFrontend, body: CountTokensRequest) -> dict[str, Any]:
     plan, _ = await frontend.plan(_chat(body))
-    return {"input_tokens": plan.prompts[0].tokens or 0}
+    tokens = plan.prompts[0].tokens or 0
+    # context_management as vLLM's (nothing is trimmed here: the same count)
+    return {"input_tokens": tokens, "context_management": {"original_input_tokens": tokens}}
 
 
 def _content(message: dict[str, Any]) -> list[dict[str, Any]]:

@@ -64,6 +64,11 @@ _GROUPS |= {"score": "inference", "rerank": "inference"}
 SERVER_ROUTES = {"/health": "health", "/version": "metadata"}
 SERVER_ROUTES |= {"/tokenize": "inference", "/detokenize": "inference"}
 SERVER_ROUTES |= {"/score": "inference", "/rerank": "inference"}
+# vLLM's model permission object (what /v1/models lists; nothing here acts on it).
+_PERMISSION = {"object": "model_permission", "allow_create_engine": False, "allow_sampling": True}
+_PERMISSION |= {"allow_logprobs": True, "allow_search_indices": False, "allow_view": True}
+_PERMISSION |= {"allow_fine_tuning": False, "organization": "*", "group": None}
+_PERMISSION["is_blocking"] = False
 # The routes a frontend worker may answer itself (for a model whose engine takes typed requests).
 _PLANNED = ("chat/completions", "completions")
 
@@ -230,14 +235,18 @@ class OpenAIFrontend:
             length: int | None = info.max_model_len
         else:
             length = tokenizer.max_model_len(Path(self._resolve(name).path))
+        created = int(time.time())
         return {
             "id": name,
             "object": "model",
-            "created": int(time.time()),
+            "created": created,
             "owned_by": "oceanus",
             "root": name,
             "parent": None,
             "max_model_len": length,
+            "permission": [
+                {**_PERMISSION, "id": f"modelperm-{uuid.uuid4().hex}", "created": created}
+            ],
         }
 
     def _resolve(self, name: str) -> Any:

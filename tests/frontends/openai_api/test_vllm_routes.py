@@ -45,6 +45,7 @@ def test_models_list_their_context(llm_server: Any) -> None:
     model = models["llm"]
     assert model["max_model_len"] == CONTEXT
     assert model["root"] == "llm" and model["parent"] is None
+    assert model["permission"][0]["object"] == "model_permission"
 
 
 def test_score_and_rerank_by_cosine(llm_server: Any) -> None:
