@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import threading
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -250,6 +251,19 @@ def test_both_engines_in_one_server_answer_alike(tmp_path: Path, launch: Any) ->
         )
     with urllib.request.urlopen(f"http://{server.http_url}/v2/models/llm_ov/config") as response:
         assert json.loads(response.read())["model_transaction_policy"]["decoupled"] is True
+    # What the engine refuses at its first step is a 400 before a stream's head (was: a 200
+    # whose one event was the error), as vLLM's server answers it.
+    body = {"model": "llm_ov", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    body |= {"max_tokens": 2, "logprobs": True, "top_logprobs": 2}
+    request = urllib.request.Request(
+        f"http://{server.http_url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=60)
+    assert caught.value.code == 400
+    assert "engine 'openvino'" in json.loads(caught.value.read())["error"]["message"]
 
 
 def test_without_openvino_genai_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -50,6 +50,9 @@ DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
 Outcome = HttpResponse | Pending | Streamed
 
 
+_OPENAI_HEADS = frozenset({"v1", "health", "version", "tokenize", "detokenize", "score", "rerank"})
+
+
 class HttpFrontend:
     """`handle(request)` answers one HTTP request (the protocol's handler)."""
 
@@ -85,7 +88,8 @@ class HttpFrontend:
         method = request.method
         # Routing is strict, as in Triton: no trailing slashes, versions are digits.
         parts = request.path.split("/")[1:]
-        if parts and parts[0] == "v1" and self.openai is not None:
+        # /v1/..., and vLLM's /health, /version, /tokenize and /detokenize beside them
+        if parts and parts[0] in _OPENAI_HEADS and self.openai is not None:
             return self.openai(request)
         if not parts or parts[0] != "v2":
             raise HttpError(404, "Not Found")

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,9 +25,20 @@ from oceanus.core.generation import GenerationInfo
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.http.infer import request_body
 from oceanus.frontends.http.protocol import HttpRequest, HttpResponse, Pending, Streamed
-from oceanus.frontends.openai import generation, plans, reasoning, sampling, tokenizer, tools
+from oceanus.frontends.openai import (
+    anthropic,
+    generation,
+    plans,
+    reasoning,
+    replies,
+    responses,
+    sampling,
+    score_routes,
+    tokenize_routes,
+    tokenizer,
+    tools,
+)
 from oceanus.frontends.openai.errors import (
-    JSON,
     OpenAIError,
     as_openai_error,
     bad_request,
@@ -40,14 +52,20 @@ from oceanus.frontends.openai.protocol import (
 )
 from oceanus.frontends.openai.tokenizer import ModelTokenizer
 
-EVENT_STREAM = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-]
 Outcome = HttpResponse | Pending | Streamed
 # --http-restricted-api groups of the OpenAI routes.
 _GROUPS = {"models": "metadata", "chat": "inference", "completions": "inference"}
-_GROUPS["embeddings"] = "inference"
+_GROUPS |= {"embeddings": "inference", "responses": "inference", "messages": "inference"}
+_GROUPS |= {"score": "inference", "rerank": "inference"}
+# vLLM's routes outside /v1, and their --http-restricted-api groups.
+SERVER_ROUTES = {"/health": "health", "/version": "metadata"}
+SERVER_ROUTES |= {"/tokenize": "inference", "/detokenize": "inference"}
+SERVER_ROUTES |= {"/score": "inference", "/rerank": "inference"}
+# vLLM's model permission object (what /v1/models lists; nothing here acts on it).
+_PERMISSION = {"object": "model_permission", "allow_create_engine": False, "allow_sampling": True}
+_PERMISSION |= {"allow_logprobs": True, "allow_search_indices": False, "allow_view": True}
+_PERMISSION |= {"allow_fine_tuning": False, "organization": "*", "group": None}
+_PERMISSION["is_blocking"] = False
 # The routes a frontend worker may answer itself (for a model whose engine takes typed requests).
 _PLANNED = ("chat/completions", "completions")
 
@@ -69,10 +87,6 @@ class OpenAICore(Protocol):
     def generation_info(self, name: str, version: str = "") -> GenerationInfo | None: ...
 
     def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]: ...
-
-
-def _json(document: Any, status: int = 200) -> HttpResponse:
-    return HttpResponse(status, orjson.dumps(document), [(b"content-type", JSON)])
 
 
 def _finish(future: asyncio.Future[Any]) -> HttpResponse:
@@ -102,6 +116,8 @@ class OpenAIFrontend:
             for category, (header, value) in (restrictions or {}).items()
         }
         self.max_input_size = max_input_size
+        # The Responses API's stored responses (store: true), for previous_response_id.
+        self.responses = responses.ResponseStore()
         # One load per model version, shared by the requests that arrive while it runs.
         self._tokenizers: dict[tuple[str, int, str], asyncio.Future[ModelTokenizer | None]] = {}
 
@@ -116,11 +132,16 @@ class OpenAIFrontend:
     def handle(self, request: HttpRequest) -> Outcome:
         try:
             return self._dispatch(request)
-        except Exception as exc:  # every failure answers in OpenAI's shape
-            return as_openai_error(exc).response()
+        except Exception as exc:  # every failure answers in its API's shape (OpenAI's mostly)
+            shape = (
+                anthropic.SHAPE if request.path.startswith("/v1/messages") else replies.OPENAI_SHAPE
+            )
+            return shape.reply(exc)
 
     def _dispatch(self, request: HttpRequest) -> Outcome:
         parts = request.path.split("/")[1:]
+        if request.path in SERVER_ROUTES:
+            return self._server_route(request)
         if parts[:1] != ["v1"] or len(parts) < 2:
             raise OpenAIError(404, f"Not Found: {request.path}")
         head = parts[1]
@@ -128,12 +149,18 @@ class OpenAIFrontend:
             return self.forward(request)
         if self.restrictions:
             self._check_restriction(request, _GROUPS.get(head, ""))
+        if head == "messages":  # Anthropic's Messages API (anthropic.py)
+            return anthropic.route(self, request, parts[2:])
+        if head == "responses":  # OpenAI's Responses API (responses.py)
+            return responses.route(self, request, parts[2:])
         if head == "models":
             _require(request, "GET")
             if len(parts) == 2:
-                return _json(self._models())
-            return _json(self._model(parts[2]))
+                return replies.json_reply(self._models())
+            return replies.json_reply(self._model(parts[2]))
         route = "/".join(parts[1:])
+        if route in ("score", "rerank"):
+            return self._score(request, route)
         if route not in ("chat/completions", "completions", "embeddings"):
             raise OpenAIError(404, f"Not Found: {request.path}")
         _require(request, "POST")
@@ -149,8 +176,35 @@ class OpenAIFrontend:
         if self.forward is not None and self.core.generation_info(body.model) is None:
             return self.forward(request)
         if body.stream:
-            return Streamed(self._streamed(body))
+            return Streamed(replies.stream_reply(self._events(body), replies.OPENAI_SHAPE))
         return Pending(asyncio.ensure_future(self._generate(body)), _finish)
+
+    def _server_route(self, request: HttpRequest) -> Outcome:
+        """vLLM's routes outside /v1 (tokenize_routes.py)."""
+        path = request.path
+        if self.forward is not None:
+            return self.forward(request)
+        if self.restrictions:
+            self._check_restriction(request, SERVER_ROUTES[path])
+        if path == "/health":
+            _require(request, "GET")
+            return HttpResponse(200 if self.core.ready() else 503)
+        if path == "/version":
+            _require(request, "GET")
+            return replies.json_reply(tokenize_routes.version())
+        if path in ("/score", "/rerank"):
+            return self._score(request, path[1:])
+        _require(request, "POST")
+        data = request_body(request, self.max_input_size)
+        route = tokenize_routes.tokenize if path == "/tokenize" else tokenize_routes.detokenize
+        return replies.pending(route(self, data), replies.OPENAI_SHAPE)
+
+    def _score(self, request: HttpRequest, route: str) -> Outcome:
+        """vLLM's /v1/score and /v1/rerank (score_routes.py), also without /v1 as vLLM's."""
+        _require(request, "POST")
+        data = request_body(request, self.max_input_size)
+        work = score_routes.score if route == "score" else score_routes.rerank
+        return replies.pending(work(self, data), replies.OPENAI_SHAPE)
 
     def _check_restriction(self, request: HttpRequest, group: str) -> None:
         """--http-restricted-api: the group's header, with the HTTP frontend's words."""
@@ -170,7 +224,25 @@ class OpenAIFrontend:
         return self._model_document(name)
 
     def _model_document(self, name: str) -> dict[str, Any]:
-        return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "oceanus"}
+        """OpenAI's model object, with vLLM's `root`, `parent` and `max_model_len`."""
+        info = self.core.generation_info(name)
+        if info is not None:
+            length: int | None = info.max_model_len
+        else:
+            length = tokenizer.max_model_len(Path(self._resolve(name).path))
+        created = int(time.time())
+        return {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "oceanus",
+            "root": name,
+            "parent": None,
+            "max_model_len": length,
+            "permission": [
+                {**_PERMISSION, "id": f"modelperm-{uuid.uuid4().hex}", "created": created}
+            ],
+        }
 
     def _resolve(self, name: str) -> Any:
         try:
@@ -190,7 +262,7 @@ class OpenAIFrontend:
                 "model",
             )
 
-    async def _tokenizer(self, name: str) -> ModelTokenizer | None:
+    async def model_tokenizer(self, name: str) -> ModelTokenizer | None:
         version = self._resolve(name)
         key = (name, version.version, str(version.path))
         loading = self._tokenizers.get(key)
@@ -219,11 +291,9 @@ class OpenAIFrontend:
 
     # ---- chat and completions ---------------------------------------------------------------
 
-    async def _plan(
-        self, body: ChatCompletionRequest | CompletionRequest
-    ) -> tuple[plans.Plan, Any]:
+    async def plan(self, body: ChatCompletionRequest | CompletionRequest) -> tuple[plans.Plan, Any]:
         name = body.model
-        found = await self._tokenizer(name)
+        found = await self.model_tokenizer(name)
         self._require_inputs(name, "text_input")
         # The engine takes the ids tokenized here when they come from its own tokenizer.
         info = self.core.generation_info(name)
@@ -246,7 +316,7 @@ class OpenAIFrontend:
                 parser = tools.PARSERS[chosen.string_value]()
             else:
                 parser = tools.parser_for_template(found.chat_template)
-            thinking = _reasoning_parser(config)
+            thinking = reasoning.parser_for_config(config)
             # Rendering the template and tokenizing the prompt take milliseconds per request
             # (3-4 ms for 300 tokens): on the event loop, a burst of 32 chats held every other
             # connection, health probes included, for hundreds of ms. A worker thread instead.
@@ -260,50 +330,68 @@ class OpenAIFrontend:
         return plan, count
 
     async def _generate(self, body: ChatCompletionRequest | CompletionRequest) -> HttpResponse:
-        plan, count = await self._plan(body)
-        return _json(await generation.complete(self.core, plan, count))
+        plan, count = await self.plan(body)
+        return replies.json_reply(await generation.complete(self.core, plan, count))
 
-    async def _streamed(
+    async def _events(
         self, body: ChatCompletionRequest | CompletionRequest
-    ) -> AsyncIterator[HttpResponse | bytes]:
-        """A streaming reply: the head once the request is accepted (a refused one is an
-        ordinary error reply), then its events. A failure mid-stream is an error event."""
-        try:
-            plan, count = await self._plan(body)
-            events = generation.stream_events(self.core, plan, count)
-            first = await anext(events)
-        except Exception as exc:
-            error = as_openai_error(exc)
-            yield HttpResponse(error.status, headers=[(b"content-type", JSON)])
-            yield orjson.dumps(error.document())
-            return
-        yield HttpResponse(200, headers=list(EVENT_STREAM))
-        try:
-            yield first
+    ) -> AsyncGenerator[bytes, None]:
+        plan, count = await self.plan(body)
+        async with contextlib.aclosing(generation.stream_events(self.core, plan, count)) as events:
             async for part in events:
                 yield part
-        except Exception as exc:
-            yield generation.event(as_openai_error(exc).document())
-            yield generation.DONE_EVENT
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]
+
+    # ---- chat for the other APIs (responses.py, anthropic.py) -------------------------------
+
+    async def chat(self, body: ChatCompletionRequest) -> tuple[plans.Plan, dict[str, Any]]:
+        """A chat completion (one choice) through the chat route's plan: its document."""
+        plan, count = await self.plan(body)
+        return plan, await generation.complete(self.core, plan, count)
+
+    async def chat_chunks(
+        self, body: ChatCompletionRequest
+    ) -> tuple[plans.Plan, AsyncGenerator[dict[str, Any], None]]:
+        """A streaming chat through the chat route's plan: its chunks, as documents."""
+        plan, count = await self.plan(body)
+        return plan, generation.chunks(self.core, plan, count)
 
     # ---- embeddings -------------------------------------------------------------------------
 
     async def _embeddings(self, body: EmbeddingRequest) -> HttpResponse:
         name = body.model
-        self._resolve(name)
-        self._require_inputs(name, "embedding_request")
-        text_input = any(
-            spec["name"] == "text_input" for spec in self.core.model_metadata(name)["inputs"]
-        )
-        encoding = body.encoding_format
         items: list[Any] = (
             [body.input]
             if isinstance(body.input, str) or isinstance(body.input[0], int)
             else list(body.input)
         )
-        dimensions = body.dimensions
+        vectors, prompt_tokens = await self.embed(name, items, body.dimensions)
+        data = []
+        for number, vector in enumerate(vectors):
+            value: Any = vector.tolist()
+            if body.encoding_format == "base64":
+                value = base64.b64encode(vector.astype("<f4").tobytes()).decode()
+            data.append({"object": "embedding", "index": number, "embedding": value})
+        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+        return replies.json_reply({"object": "list", "data": data, "model": name, "usage": usage})
+
+    async def embed(
+        self, name: str, items: list[Any], dimensions: int | None = None
+    ) -> tuple[list[np.ndarray], int]:
+        """Each item's vector (a text or token ids) from an embedding model; the input tokens."""
+        self._resolve(name)
+        self._require_inputs(name, "embedding_request")
+        if self.core.generation_info(name) is not None:
+            # vLLM pools a decoder's last hidden state when started with --task embed; the
+            # engine here keeps no hidden states for a client, so a generating model says so.
+            raise bad_request(
+                f"model '{name}' is a generative model (it has a language-model head): it "
+                "serves chat and completions, not embeddings. Serve an embedding model (a "
+                "model without an LM head, or with sentence-transformers files) for this route",
+                "model",
+            )
+        text_input = any(
+            spec["name"] == "text_input" for spec in self.core.model_metadata(name)["inputs"]
+        )
         requests = []
         for number, item in enumerate(items):
             document: dict[str, Any] = {"input": item}
@@ -313,17 +401,12 @@ class OpenAIFrontend:
                 name, "", document, f"embd-{uuid.uuid4().hex}-{number}", text_input
             )
             requests.append(_one_response(self.core.infer_stream(request)))
-        responses = await asyncio.gather(*requests)
-        data, prompt_tokens = [], 0
-        for number, response in enumerate(responses):
+        vectors, prompt_tokens = [], 0
+        for response in await asyncio.gather(*requests):
             vector, tokens = _embedding(response)
+            vectors.append(vector)
             prompt_tokens += tokens
-            value: Any = vector.tolist()
-            if encoding == "base64":
-                value = base64.b64encode(vector.astype("<f4").tobytes()).decode()
-            data.append({"object": "embedding", "index": number, "embedding": value})
-        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
-        return _json({"object": "list", "data": data, "model": name, "usage": usage})
+        return vectors, prompt_tokens
 
 
 async def _one_response(responses: AsyncIterator[Any]) -> Any:
@@ -347,18 +430,6 @@ def _embedding(response: Any) -> tuple[np.ndarray, int]:
     if vector is None:
         raise OpenAIError(500, "the model's response has no 'text_output'")
     return vector, tokens
-
-
-def _reasoning_parser(config: Any) -> reasoning.ReasoningParser | None:
-    """The config's `reasoning_parser` parameter (`oceanus serve --reasoning-parser`)."""
-    chosen = config.parameters.get("reasoning_parser")
-    name = chosen.string_value if chosen is not None else ""
-    if not name:
-        return None
-    if name not in reasoning.PARSERS:
-        known = ", ".join(sorted(reasoning.PARSERS))
-        raise OpenAIError(500, f"unknown reasoning_parser {name!r} in the model's config: {known}")
-    return reasoning.PARSERS[name]
 
 
 def _require(request: HttpRequest, method: str) -> None:

@@ -33,6 +33,7 @@ class Streams(Protocol):
 
 async def merged(core: Streams, plan: Plan) -> AsyncGenerator[tuple[int, Piece], None]:
     """(choice index, piece) of every response of the plan's requests, as they come."""
+    whole = results.WholeCharacters()
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
     streams = []
     for p, prompt in enumerate(plan.prompts):
@@ -58,7 +59,7 @@ async def merged(core: Streams, plan: Plan) -> AsyncGenerator[tuple[int, Piece],
         index, responses = streams[0]
         try:
             async for response in responses:
-                yield index, results.read(response)
+                yield index, whole(index, results.read(response))
         finally:
             await responses.aclose()  # type: ignore[attr-defined]
         return
@@ -83,7 +84,7 @@ async def merged(core: Streams, plan: Plan) -> AsyncGenerator[tuple[int, Piece],
             elif isinstance(item, Exception):
                 raise item
             else:
-                yield index, results.read(item)
+                yield index, whole(index, results.read(item))
     finally:
         for task in tasks:
             task.cancel()
@@ -152,8 +153,9 @@ async def complete(core: Streams, plan: Plan, count: Any) -> dict[str, Any]:
     async with contextlib.aclosing(merged(core, plan)) as pieces:
         async for index, piece in pieces:
             choices[index].add(piece)
+    usage = _usage(plan, choices, count)  # best_of: every generated choice counts, as OpenAI's
     documents = []
-    for index, choice in enumerate(choices):
+    for index, (number, choice) in enumerate(_kept(plan, choices)):
         if plan.chat:
             message, finish = _chat_message(plan, choice)
             logprobs = (
@@ -165,10 +167,10 @@ async def complete(core: Streams, plan: Plan, count: Any) -> dict[str, Any]:
                 {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
             )
             continue
-        prompt = plan.prompts[index // plan.n].text if plan.echo else ""
+        prompt = plan.prompts[number // plan.n].text if plan.echo else ""
         logprobs = (
             results.completion_logprobs(choice.logprobs, plan.logprobs, len(prompt))
-            if plan.logprobs is not None
+            if plan.logprobs is not None and plan.show_logprobs
             else None
         )
         documents.append(
@@ -185,8 +187,22 @@ async def complete(core: Streams, plan: Plan, count: Any) -> dict[str, Any]:
         "created": plan.created,
         "model": plan.model,
         "choices": documents,
-        "usage": _usage(plan, choices, count),
+        "usage": usage,
     }
+
+
+def _kept(plan: Plan, choices: list[Choice]) -> list[tuple[int, Choice]]:
+    """(number, choice) of the choices the reply shows: all, or with `best_of` the `keep`
+    likeliest of each prompt's (the highest sum of their tokens' logprobs), as vLLM's."""
+    numbered = list(enumerate(choices))
+    if plan.keep is None:
+        return numbered
+    kept = []
+    for start in range(0, len(numbered), plan.n):
+        group = numbered[start : start + plan.n]
+        group.sort(key=lambda item: -sum(step[0][1] for step in item[1].logprobs if step))
+        kept += group[: plan.keep]
+    return kept
 
 
 def event(document: Any) -> bytes:
@@ -236,8 +252,27 @@ class _ChatStream:
         return (calls, "") if calls else ([], held)
 
 
-async def stream_events(core: Streams, plan: Plan, count: Any) -> AsyncIterator[bytes]:
+async def stream_events(core: Streams, plan: Plan, count: Any) -> AsyncGenerator[bytes, None]:
     """The server-sent events of a streaming request (after its 200 head)."""
+    async with contextlib.aclosing(chunks(core, plan, count)) as documents:
+        async for document in documents:
+            yield event(document)
+    yield DONE_EVENT
+
+
+async def _prepend(
+    first: tuple[int, Piece] | None, rest: AsyncIterator[tuple[int, Piece]]
+) -> AsyncIterator[tuple[int, Piece]]:
+    if first is not None:
+        yield first
+    async for item in rest:
+        yield item
+
+
+async def chunks(core: Streams, plan: Plan, count: Any) -> AsyncGenerator[dict[str, Any], None]:
+    """The chunks of a streaming request, as documents. Nothing comes before the model's first
+    response: a request the engine refuses (the OpenVINO engine checks at its first step) is
+    then an error reply before the stream's 200 head, not an error event inside it."""
     kind = "chat.completion.chunk" if plan.chat else "text_completion"
     total = len(plan.prompts) * plan.n
     head: dict[str, Any] = {"id": plan.id, "object": kind, "created": plan.created}
@@ -246,21 +281,22 @@ async def stream_events(core: Streams, plan: Plan, count: Any) -> AsyncIterator[
 
     def chunk(
         index: int, body: dict[str, Any], finish: str | None = None, logprobs: Any = None
-    ) -> bytes:
+    ) -> dict[str, Any]:
         choice = {"index": index, **body, "logprobs": logprobs, "finish_reason": finish}
-        return event({**head, "choices": [choice], **usage_field})
+        return {**head, "choices": [choice], **usage_field}
 
     choices = [Choice() for _ in range(total)]
     chats = [_ChatStream(plan) for _ in range(total)]
     thinking = [ReasoningStream(plan.reasoning) for _ in range(total)] if plan.reasoning else []
-    if plan.chat:
-        for index in range(total):
-            yield chunk(index, {"delta": {"role": "assistant", "content": ""}})
-    elif plan.echo:
-        for index in range(total):
-            yield chunk(index, {"text": plan.prompts[index // plan.n].text})
     async with contextlib.aclosing(merged(core, plan)) as pieces:
-        async for index, piece in pieces:
+        first = await anext(pieces, None)
+        if plan.chat:
+            for index in range(total):
+                yield chunk(index, {"delta": {"role": "assistant", "content": ""}})
+        elif plan.echo:
+            for index in range(total):
+                yield chunk(index, {"text": plan.prompts[index // plan.n].text})
+        async for index, piece in _prepend(first, pieces):
             choice = choices[index]
             choice.add(piece)
             final = piece.finish_reason is not None
@@ -296,5 +332,4 @@ async def stream_events(core: Streams, plan: Plan, count: Any) -> AsyncIterator[
                     finish = "tool_calls" if finish == "stop" else finish
                 yield chunk(index, {"delta": {}}, finish)
     if plan.include_usage:
-        yield event({**head, "choices": [], "usage": _usage(plan, choices, count)})
-    yield DONE_EVENT
+        yield {**head, "choices": [], "usage": _usage(plan, choices, count)}

@@ -14,16 +14,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oceanus.frontends.openai import sampling
-from oceanus.frontends.openai.errors import bad_request
+from oceanus.frontends.openai.errors import OpenAIError, bad_request
 from oceanus.frontends.openai.protocol import (
+    MAX_N,
     ChatCompletionRequest,
     CompletionRequest,
+    Message,
     NamedToolChoice,
     ResponseFormat,
 )
 from oceanus.frontends.openai.reasoning import ReasoningParser
 from oceanus.frontends.openai.tokenizer import ModelTokenizer
 from oceanus.frontends.openai.tools import Parser
+
+COMPLETION_MAX_TOKENS = 16
 
 
 @dataclass
@@ -45,6 +49,10 @@ class Plan:
     include_usage: bool = False
     echo: bool = False
     logprobs: int | None = None  # top logprobs to return (None: no logprobs)
+    # best_of: `n` is how many are generated per prompt, `keep` how many the reply shows (the
+    # likeliest, by their logprobs, which the client may not have asked to see).
+    keep: int | None = None
+    show_logprobs: bool = True
     parser: Parser | None = None  # tool calls are parsed from the reply
     named_tool: str | None = None  # tool_choice named this function
     reasoning: ReasoningParser | None = None  # thinking is set apart (reasoning.py)
@@ -115,11 +123,22 @@ def _response_format(response_format: ResponseFormat | None, parameters: dict[st
     _guide(parameters, {"json": schema}, "response_format")
 
 
-def _messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
+def template_messages(messages: list[Message]) -> list[dict[str, Any]]:
     """The messages as the template reads them (dicts, with any fields the client added)."""
     shown = []
-    for message in body.messages:
+    for number, message in enumerate(messages):
         item = message.model_dump(exclude_none=True)
+        if message.content is None:
+            if message.role != "assistant" or not message.tool_calls:
+                # OpenAI's words and param for a message without content (an assistant's may
+                # go without when it carries tool calls: the openai SDK sends those back so).
+                raise OpenAIError(
+                    400,
+                    f"Missing required parameter: 'messages[{number}].content'.",
+                    f"messages.[{number}].content",
+                    "missing_required_parameter",
+                )
+            item["content"] = ""  # templates concatenate it, as vLLM renders it
         if message.role == "developer":  # OpenAI's newer name; templates know "system"
             item["role"] = "system"
         if isinstance(message.content, list):
@@ -212,7 +231,7 @@ def chat_plan(
     reasoning: ReasoningParser | None = None,
 ) -> Plan:
     include_usage = body.include_usage()
-    messages = _messages(body)
+    messages = template_messages(body.messages)
     asked = body.max_completion_tokens or body.max_tokens
     top = body.top_logprobs
     if top is not None and not body.logprobs:
@@ -282,11 +301,21 @@ def completion_plan(
     include_usage = body.include_usage()
     if body.suffix is not None:
         raise bad_request("'suffix' is not supported", "suffix")
-    if body.best_of is not None and body.best_of != body.n:
-        raise bad_request("'best_of' is not supported (other than equal to 'n')", "best_of")
+    best_of = body.best_of if body.best_of is not None and body.best_of != body.n else None
+    if best_of is not None:  # vLLM's rules
+        if best_of < body.n:
+            raise bad_request("'best_of' must be at least 'n'", "best_of")
+        if best_of > MAX_N:
+            raise bad_request(f"'best_of' must be at most {MAX_N}", "best_of")
+        if body.stream:
+            raise bad_request("'best_of' greater than 'n' cannot be streamed", "best_of")
     asked = body.max_tokens
+    # OpenAI's and vLLM's default for completions (chat's is what the context leaves).
+    default = COMPLETION_MAX_TOKENS if asked is None else None
     top = body.logprobs
     parameters = _parameters(body, tokenizer)
+    if best_of is not None and top is None:
+        top = 0  # the choices are ranked by their tokens' logprobs
     if top is not None:
         parameters["logprobs"] = top
     _response_format(body.response_format, parameters)
@@ -294,17 +323,22 @@ def completion_plan(
     prompts = []
     for text, ids in _prompts(body, tokenizer):
         count = len(ids) if ids is not None else None
-        prompts.append(Prompt(text, count, _room(count, asked, context, "prompt"), ids))
+        room = _room(count, asked, context, "prompt")
+        if default is not None:
+            room = default if room is None else min(default, room)
+        prompts.append(Prompt(text, count, room, ids))
     return Plan(
         chat=False,
         model=body.model,
         prompts=prompts,
         parameters=parameters,
-        n=body.n,
+        n=best_of or body.n,
         stream=body.stream,
         include_usage=include_usage,
         echo=body.echo,
         logprobs=top,
+        keep=body.n if best_of is not None else None,
+        show_logprobs=body.logprobs is not None,
         typed=typed and tokenizer is not None,
         id=f"cmpl-{uuid.uuid4().hex}",
     )

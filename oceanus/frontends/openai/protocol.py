@@ -20,20 +20,20 @@ Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 PositiveInt = Annotated[int, Field(ge=1)]
 
 
-class _Schema(BaseModel):
+class Schema(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow", frozen=True)
 
 
-class StreamOptions(_Schema):
+class StreamOptions(Schema):
     include_usage: bool = False
 
 
-class ResponseFormat(_Schema):
+class ResponseFormat(Schema):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: dict[str, Any] | None = None
 
 
-class _Generation(_Schema):
+class _Generation(Schema):
     """What chat and completions share: the sampling parameters (vLLM's names)."""
 
     model: Annotated[str, Field(min_length=1)]
@@ -85,32 +85,32 @@ class _Generation(_Schema):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
-class TextPart(_Schema):
+class TextPart(Schema):
     type: Literal["text"]
     text: str = ""
 
 
-class Message(_Schema):
+class Message(Schema):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     tool_calls: list[dict[str, Any]] | None = None
 
 
-class Function(_Schema):
+class Function(Schema):
     name: Annotated[str, Field(min_length=1)]
     parameters: dict[str, Any] | None = None
 
 
-class Tool(_Schema):
+class Tool(Schema):
     type: Literal["function"] = "function"
     function: Function
 
 
-class NamedFunction(_Schema):
+class NamedFunction(Schema):
     name: str
 
 
-class NamedToolChoice(_Schema):
+class NamedToolChoice(Schema):
     type: Literal["function"] = "function"
     function: NamedFunction
 
@@ -130,12 +130,12 @@ TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 class CompletionRequest(_Generation):
     prompt: str | TokenIds | Annotated[list[str | TokenIds], Field(min_length=1)]
     echo: bool = False
-    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None  # vLLM's limit (OpenAI's: 5)
     best_of: PositiveInt | None = None
     suffix: str | None = None
 
 
-class EmbeddingRequest(_Schema):
+class EmbeddingRequest(Schema):
     model: Annotated[str, Field(min_length=1)]
     input: str | TokenIds | Annotated[list[str | TokenIds], Field(min_length=1)]
     encoding_format: Literal["float", "base64"] = "float"

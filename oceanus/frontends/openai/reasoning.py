@@ -16,7 +16,9 @@ Chosen per model: `oceanus serve --reasoning-parser NAME`, or the config's
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from oceanus.frontends.openai.errors import OpenAIError
 from oceanus.frontends.openai.tools import held_back
 
 START, END = "<think>", "</think>"
@@ -55,6 +57,18 @@ PARSERS: dict[str, ReasoningParser] = {
     "deepseek_r1": ReasoningParser("deepseek_r1", implicit_start=True),
     "qwen3": ReasoningParser("qwen3", implicit_start=False),
 }
+
+
+def parser_for_config(config: Any) -> ReasoningParser | None:
+    """The model config's `reasoning_parser` parameter (`oceanus serve --reasoning-parser`)."""
+    chosen = config.parameters.get("reasoning_parser")
+    name = chosen.string_value if chosen is not None else ""
+    if not name:
+        return None
+    if name not in PARSERS:
+        known = ", ".join(sorted(PARSERS))
+        raise OpenAIError(500, f"unknown reasoning_parser {name!r} in the model's config: {known}")
+    return PARSERS[name]
 
 
 class ReasoningStream:

@@ -27,6 +27,26 @@ def _scalar(data: Any) -> Any:
     return flat[0] if flat.size else None
 
 
+_PARTIAL = "\ufffd"
+
+
+class WholeCharacters:
+    """Text that ends inside a UTF-8 character (its bytes decode to U+FFFD) is held back until
+    the next piece completes it, and dropped when the reply ends there (cut by max_tokens), as
+    vLLM's detokenizer does: a client never reads a U+FFFD that a later byte would undo."""
+
+    def __init__(self) -> None:
+        self.held: dict[int, str] = {}
+
+    def __call__(self, index: int, piece: Piece) -> Piece:
+        text = self.held.pop(index, "") + piece.text
+        whole = text.rstrip(_PARTIAL)
+        if piece.finish_reason is None and whole != text:
+            self.held[index] = text[len(whole) :]
+        piece.text = whole
+        return piece
+
+
 def read(response: InferResponse) -> Piece:
     typed = response.generation
     if typed is not None:

@@ -52,7 +52,12 @@ class ModelTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
 
-    def render_chat(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> str:
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[Any] | None,
+        add_generation_prompt: bool = True,
+    ) -> str:
         if not self.chat_template:
             raise bad_request(
                 "this model has no chat template (tokenizer_config.json 'chat_template'); "
@@ -63,7 +68,10 @@ class ModelTokenizer:
         try:
             return str(
                 self._template.render(
-                    messages=messages, tools=tools, add_generation_prompt=True, **self.special
+                    messages=messages,
+                    tools=tools,
+                    add_generation_prompt=add_generation_prompt,
+                    **self.special,
                 )
             )
         except OpenAIError:

@@ -58,11 +58,15 @@ def test_chat_stream_equals_whole_reply_and_counts_tokens(client: Any) -> None:
     assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
 
 
-def test_default_max_tokens_fills_the_context(client: Any) -> None:
-    reply = client.completions.create(
-        model="llm", prompt="Once upon a time", temperature=0, extra_body={"ignore_eos": True}
-    )
-    assert reply.usage.total_tokens == CONTEXT
+def test_default_max_tokens(client: Any) -> None:
+    """Chat: what the context leaves (as vLLM); completions: 16 (as OpenAI and vLLM)."""
+    ask: dict[str, Any] = {"model": "llm", "temperature": 0, "extra_body": {"ignore_eos": True}}
+    chat = client.chat.completions.create(messages=[{"role": "user", "content": "Hi"}], **ask)
+    assert chat.usage.total_tokens == CONTEXT
+    reply = client.completions.create(prompt="Once upon a time", **ask)
+    assert reply.usage.completion_tokens == 16
+    near = client.completions.create(prompt=[65] * (CONTEXT - 8), **ask)  # less room than 16
+    assert near.usage.total_tokens == CONTEXT
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(model="llm", prompt="la " * 200)
     assert f"maximum context length is {CONTEXT} tokens" in caught.value.body["message"]
@@ -75,6 +79,41 @@ def test_completion_logprobs(client: Any) -> None:
     logprobs = reply.choices[0].logprobs
     assert len(logprobs.token_logprobs) == 4
     assert all(len(top) >= 1 for top in logprobs.top_logprobs)
+    many = client.completions.create(  # up to 20, as vLLM (OpenAI: 5)
+        model="llm", prompt="The weather", max_tokens=2, logprobs=20, temperature=0
+    )
+    # (keyed by text, as OpenAI's: tokens that decode alike share an entry)
+    assert max(len(top) for top in many.choices[0].logprobs.top_logprobs) > 5
+
+
+def test_a_reply_cut_inside_a_character_drops_its_bytes(client: Any) -> None:
+    """Byte-level tokens: a reply cut by max_tokens may end inside a UTF-8 character. Its
+    bytes are dropped (as vLLM), never sent as U+FFFD, whole or streamed."""
+    for seed in range(12):
+        ask = {"model": "llm", "prompt": "\u00e9t\u00e9 \u4e2d\u6587", "max_tokens": 3}
+        ask |= {"seed": seed, "extra_body": {"ignore_eos": True}}
+        whole = client.completions.create(**ask)
+        streamed = "".join(c.choices[0].text for c in client.completions.create(**ask, stream=True))
+        assert not whole.choices[0].text.endswith("\ufffd")
+        assert streamed == whole.choices[0].text
+
+
+def test_messages_without_content(client: Any) -> None:
+    """The openai SDK sends back an assistant's tool calls with `content: null`; a user
+    message without content is OpenAI's missing-parameter error, not a template failure."""
+    call = {"id": "call_1", "type": "function"}
+    call["function"] = {"name": "weather", "arguments": '{"city": "Paris"}'}
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    reply = client.chat.completions.create(model="llm", messages=messages, max_tokens=2)
+    assert reply.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="llm", messages=[{"role": "user"}], max_tokens=2)
+    assert caught.value.body["param"] == "messages.[0].content"
+    assert caught.value.body["code"] == "missing_required_parameter"
 
 
 SCHEMA = {
@@ -196,7 +235,7 @@ def test_embeddings_float_base64_and_dimensions(client: Any) -> None:
         client.embeddings.create(model="embedder", input="x", dimensions=EMBEDDING_WIDTH + 1)
     with pytest.raises(openai.BadRequestError) as caught:
         client.embeddings.create(model="llm", input="x")  # a generating model does not embed
-    assert caught.value.status_code == 400
+    assert "is a generative model" in caught.value.body["message"]
 
 
 def test_logit_bias_forces_and_bans_tokens(client: Any) -> None:
@@ -233,3 +272,20 @@ def test_logit_bias_forces_and_bans_tokens(client: Any) -> None:
             client.completions.create(**ask, logit_bias=bias)
         assert words in caught.value.body["message"]
         assert caught.value.body["param"] == "logit_bias"
+
+
+def test_best_of_keeps_the_likeliest(client: Any) -> None:
+    """best_of 3 generates the three choices n=3 would (seed, seed+1, seed+2) and shows the
+    one whose tokens' logprobs sum highest, as vLLM; every generated token counts in usage."""
+    ask = {"model": "llm", "prompt": "The weather", "max_tokens": 5, "seed": 5}
+    ask["extra_body"] = {"ignore_eos": True}
+    three = client.completions.create(**ask, n=3, logprobs=0)
+    likeliest = max(three.choices, key=lambda c: sum(c.logprobs.token_logprobs))
+    best = client.completions.create(**ask, best_of=3)
+    (choice,) = best.choices
+    assert choice.text == likeliest.text and choice.index == 0 and choice.logprobs is None
+    assert best.usage.completion_tokens == three.usage.completion_tokens == 15
+    for wrong in ({"best_of": 1, "n": 2}, {"best_of": 3, "stream": True}):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.completions.create(**ask, **wrong)
+        assert caught.value.body["param"] == "best_of"
