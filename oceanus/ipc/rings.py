@@ -28,6 +28,12 @@ once the last is released and dropped, it is unmapped and its pages go back to /
 message ever waits for the peer to remap, and the old segment is never written again. A segment
 that cannot be reserved leaves the ring as it was: the message takes the one-off file or inline
 path, and growth is not tried again for GROWTH_RETRY_S.
+
+A grown ring shrinks back the same way: the writer keeps the most bytes in use (placed and not
+yet released, the new block included) over SHRINK_AFTER_S; when a window ends with that peak
+needing fewer growth steps than the ring has, the next message moves to a segment of that size
+(the size at start, at least). So a burst's rings go back after a quiet spell, on the next
+message; a ring nobody writes to keeps its size.
 """
 
 from __future__ import annotations
@@ -55,6 +61,8 @@ DEFAULT_RING_BYTES = 8 << 20
 # After a growth that /dev/shm could not hold, how long messages that do not fit take the one-off
 # path without trying again (a failing posix_fallocate of megabytes is not free).
 GROWTH_RETRY_S = 1.0
+# A grown ring is sized down to what the most bytes it held at once in this long needed.
+SHRINK_AFTER_S = 30.0
 
 # Where a block is: ("r", offset in the ring's data, the ring position just past it),
 # ("g", path of a new segment, its capacity, offset, position past it: the ring grew, see above),
@@ -103,7 +111,8 @@ class _Segment:
 class RingWriter:
     """The producing end of one ring; `spill_prefix` names one-off files for large messages and
     the ring's new segments. `growth` > 0: a message that does not fit grows the ring by whole
-    steps of that many bytes (see above); `on_grow(capacity)` is told the new size."""
+    steps of that many bytes, and shrinks back after `shrink_after_s` without needing them (see
+    above); `on_grow(capacity)` is told each new size."""
 
     def __init__(
         self,
@@ -112,6 +121,7 @@ class RingWriter:
         spill_prefix: str,
         growth: int = 0,
         on_grow: Callable[[int], None] | None = None,
+        shrink_after_s: float = SHRINK_AFTER_S,
     ) -> None:
         self._segment = _Segment(path, capacity)
         self._bytes = self._segment.bytes
@@ -123,6 +133,10 @@ class RingWriter:
         self._growth = growth
         self.on_grow = on_grow
         self._retry_growth_at = 0.0
+        self._initial = capacity
+        self._shrink_after = shrink_after_s
+        self._peak = 0  # the most bytes in use at once since the window began (grown rings)
+        self._window_end = 0.0
 
     @property
     def capacity(self) -> int:
@@ -132,6 +146,10 @@ class RingWriter:
         """Room for `size` bytes: its location, a writable uint8 view, and the one-off mapping
         to close after writing (None for the ring)."""
         capacity = self._capacity
+        if capacity > self._initial:
+            shrunk = self._shrink(size)
+            if shrunk is not None:
+                return shrunk
         if size <= capacity:
             tail: int = self._tail[0]
             offset = self._head % capacity
@@ -143,11 +161,9 @@ class RingWriter:
                 view = self._bytes[RING_HEADER + data_offset : RING_HEADER + data_offset + size]
                 return ("r", data_offset, self._head), view, None
         if self._growth > 0 and time.monotonic() >= self._retry_growth_at:
-            path = self._grow(size)
-            if path is not None:
-                self._head = size
-                view = self._bytes[RING_HEADER : RING_HEADER + size]
-                return ("g", path, self._capacity, 0, size), view, None
+            moved = self._move(grown_capacity(capacity, size, self._growth), size)
+            if moved is not None:
+                return moved
         path = f"{self._spill_prefix}{next(self._spills)}"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -168,9 +184,25 @@ class RingWriter:
             os.close(fd)
         return ("f", path, size), np.frombuffer(mapping, dtype=np.uint8, count=size), mapping
 
-    def _grow(self, size: int) -> str | None:
-        """Move to a new segment that holds `size` bytes; its path (None: no room for it)."""
-        capacity = grown_capacity(self._capacity, size, self._growth)
+    def _shrink(self, size: int) -> tuple[Location, np.ndarray, None] | None:
+        """A grown ring: count what is in use with this block; at the end of a window whose peak
+        needs a smaller ring, place the block at the start of one."""
+        in_use = self._head - self._tail[0] + size
+        if in_use > self._peak:
+            self._peak = in_use
+        if time.monotonic() < self._window_end:
+            return None
+        initial = self._initial
+        peak, self._peak = self._peak, 0
+        self._window_end = time.monotonic() + self._shrink_after
+        target = initial if peak <= initial else grown_capacity(initial, peak, self._growth)
+        if target >= self._capacity:
+            return None
+        return self._move(target, size)
+
+    def _move(self, capacity: int, size: int) -> tuple[Location, np.ndarray, None] | None:
+        """Move to a new segment of `capacity` bytes and place `size` bytes at its start (None:
+        /dev/shm has no room for it, the ring stays as it was)."""
         path = f"{self._spill_prefix}g{next(self._spills)}"
         try:
             create_ring_file(path, capacity)
@@ -187,9 +219,13 @@ class RingWriter:
         self._segment.close()
         self._segment = segment
         self._bytes, self._tail, self._capacity = segment.bytes, segment.tail, capacity
+        self._head = size
+        self._peak = size
+        self._window_end = time.monotonic() + self._shrink_after
         if self.on_grow is not None:
             self.on_grow(capacity)
-        return path
+        view = self._bytes[RING_HEADER : RING_HEADER + size]
+        return ("g", path, capacity, 0, size), view, None
 
     def close(self) -> None:
         self._bytes = np.empty(0, dtype=np.uint8)

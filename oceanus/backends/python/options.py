@@ -4,8 +4,8 @@
   what the stub's two rings (one per direction) take together at start: half each.
 - `shm-growth-byte-size`: the step by which Triton grows that region when a message does not fit
   (default 1 MiB); here the step by which the ring that a message does not fit grows (its writer
-  moves to a larger segment, oceanus/ipc/rings.py). 0: the rings never grow, a message bigger
-  than the free part of a ring goes through a one-off file.
+  moves to a larger segment, and back to a smaller one after a quiet spell: oceanus/ipc/rings.py).
+  0: the rings never grow, a message bigger than the free part of a ring takes a one-off file.
 - `stub-timeout-seconds`: how long Triton waits on a stub's answers at start and shutdown
   (default 30); here how long an unload waits for finalize() before the stub is killed.
 Unknown keys are ignored, as Triton's Python backend ignores them.
