@@ -1,10 +1,10 @@
 """A Python model's stub process (Triton's word for it): starting one, and what belongs to it.
 
 `spawn` starts `python -m oceanus.backends.python.pb_stub`, creates the two shared-memory rings
-(each may grow later; the Stub keeps what they hold counted in the budget), sends Init and waits
-for Ready (initialize() returned), serving the log lines, metric and model-control calls the
-model makes from initialize() meanwhile. `run_autocomplete` starts a short-lived one that only
-calls the model's auto_complete_config.
+(each may grow and shrink later; the Stub keeps what they hold counted in the budget), sends
+Init and waits for Ready (initialize() returned), serving the log lines, metric and
+model-control calls the model makes from initialize() meanwhile. `run_autocomplete` starts a
+short-lived one that only calls the model's auto_complete_config.
 """
 
 from __future__ import annotations
@@ -74,8 +74,9 @@ class Stub:
         """What its rings hold in /dev/shm now (their newest segments)."""
         return 2 * tp.RING_HEADER + self.writer.capacity + self.reader.capacity
 
-    def rings_grew(self, name: str) -> None:
-        """One of the rings moved to a larger segment (its writer grew it)."""
+    def rings_resized(self, name: str) -> None:
+        """One of the rings moved to a segment of another size (its writer grew or shrank it:
+        oceanus/ipc/rings.py)."""
         budget.resize(self.prefix, self.held())
         log.info(
             "model instance '%s': shared-memory rings now %s to the stub, %s back "
@@ -137,7 +138,7 @@ def spawn(
         writer = tp.RingWriter(s2w, capacity, f"{prefix}-s-", growth)
         reader = tp.RingReader(w2s, capacity)
         stub = Stub(generation, process, channel, writer, reader, prefix, metrics, False)
-        writer.on_grow = reader.on_grow = lambda _capacity: stub.rings_grew(name)
+        writer.on_grow = reader.on_grow = lambda _capacity: stub.rings_resized(name)
         channel.send(init(s2w, w2s, capacity, f"{prefix}-w-"))
         while True:
             try:
