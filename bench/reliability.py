@@ -335,12 +335,15 @@ def main() -> int:
     parser.add_argument("--frontend-workers", default="auto")
     parser.add_argument("--shm-mb", type=int, default=64, help="/dev/shm size of the shm phase")
     parser.add_argument(
-        "--shm-ring-bytes", type=int, default=0, help="shm phase: shm-default-byte-size (0: 8 MiB)"
+        "--shm-ring-bytes",
+        type=int,
+        default=0,
+        help="shm phase: shm-default-byte-size (0: the default, 1 MiB for both rings)",
     )
     args = parser.parse_args()
     global SHM_MB, SHM_RING
     SHM_MB = args.shm_mb
-    SHM_RING = f", rings {args.shm_ring_bytes >> 10} KiB" if args.shm_ring_bytes else ""
+    SHM_RING = f", stub shm {args.shm_ring_bytes >> 10} KiB" if args.shm_ring_bytes else ""
     rows = []
     load_before = benchlib.loadavg()
     with tempfile.TemporaryDirectory(prefix="oceanus-reliability-") as tmp:

@@ -19,6 +19,8 @@ import threading
 
 _lock = threading.Lock()
 _held: dict[str, int] = {}
+_labels: dict[str, str] = {}  # owner -> what the status page calls it (a model's name)
+_initial: dict[str, int] = {}  # owner -> what it held before its rings grew
 _fallbacks = 0
 
 
@@ -77,15 +79,40 @@ def map_file(path: str, size: int = 0) -> mmap.mmap:
         os.close(fd)
 
 
-def hold(owner: str, nbytes: int) -> None:
-    """Count `nbytes` of shared memory as held by `owner` (a ring pair) until `drop(owner)`."""
+def hold(owner: str, nbytes: int, label: str = "") -> None:
+    """Count `nbytes` of shared memory as held by `owner` (a ring pair) until `drop(owner)`;
+    `label` groups owners in `held_by_label` (the rings of one model's instances)."""
     with _lock:
         _held[owner] = _held.get(owner, 0) + nbytes
+        _initial[owner] = _held[owner]
+        if label:
+            _labels[owner] = label
+
+
+def resize(owner: str, nbytes: int) -> None:
+    """`owner` now holds `nbytes` (its rings grew); nothing if it was dropped meanwhile."""
+    with _lock:
+        if owner in _held:
+            _held[owner] = nbytes
 
 
 def drop(owner: str) -> None:
     with _lock:
         _held.pop(owner, None)
+        _labels.pop(owner, None)
+        _initial.pop(owner, None)
+
+
+def held_by_label() -> dict[str, dict[str, int]]:
+    """Per label (owners held without one are left out), sorted by label: the bytes held now
+    (`reserved_bytes`) and before any ring grew (`initial_bytes`)."""
+    with _lock:
+        totals: dict[str, dict[str, int]] = {}
+        for owner, label in _labels.items():
+            entry = totals.setdefault(label, {"reserved_bytes": 0, "initial_bytes": 0})
+            entry["reserved_bytes"] += _held.get(owner, 0)
+            entry["initial_bytes"] += _initial.get(owner, 0)
+    return dict(sorted(totals.items()))
 
 
 def reserved() -> int:

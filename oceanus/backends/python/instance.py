@@ -116,6 +116,10 @@ class PythonInstance(RequestInstance):
         self._python_env = resolve_env(config, version_dir.parent)
         self._options = options or PythonOptions()
         self._capacity = self._options.ring_bytes  # --backend-config=python,shm-default-byte-size
+        # A batch this large is "large": it keeps the instance thread and is not sent ahead of
+        # others. A sixteenth of the rings' old fixed size (8 MiB) whatever their size at start:
+        # rings now start small and grow, and what makes a batch large is the cost of copying it.
+        self._large_bytes = max(tp.DEFAULT_RING_BYTES, self._capacity) // 16
         self._metrics = server.custom_metrics if server is not None else _FALLBACK_METRICS
         self._lock = threading.Lock()
         self._ready = threading.Event()
@@ -135,10 +139,10 @@ class PythonInstance(RequestInstance):
             server is not None
             and not self.decoupled
             and not self._execute_timeout
-            and small_tensors(config, self._capacity // 16)
+            and small_tensors(config, self._large_bytes)
         )
         self._loop_batches = (
-            LoopBatches(self, server.loop, self._capacity // 16, RESTART_WAIT_S)
+            LoopBatches(self, server.loop, self._large_bytes, RESTART_WAIT_S)
             if server is not None and self.loop_driven
             else None
         )
@@ -151,9 +155,13 @@ class PythonInstance(RequestInstance):
         generation = self._generation + 1
         metrics = self._metrics.owner()
 
+        growth = self._options.growth_bytes  # --backend-config=python,shm-growth-byte-size
+
         def init(s2w: str, w2s: str, capacity: int, spill_prefix: str) -> msg.Init:
             model = str(self._model_path)
-            return msg.Init(model, self._args, self.decoupled, s2w, w2s, capacity, spill_prefix)
+            return msg.Init(
+                model, self._args, self.decoupled, s2w, w2s, capacity, spill_prefix, growth
+            )
 
         try:
             stub = spawn(
@@ -164,6 +172,8 @@ class PythonInstance(RequestInstance):
                 metrics,
                 self._dispatch,
                 self._python_env,
+                growth,
+                self.model_name,
             )
         except BaseException:
             metrics.close()
@@ -339,6 +349,7 @@ class PythonInstance(RequestInstance):
                 thread.join(timeout=10)
         stub.metrics.close()
         stub.close_rings()
+        stub.remove_files()  # a segment or one-off file the stub never got to map
         if self._loop_batches is not None:
             self._loop_batches.close()
 
@@ -366,7 +377,7 @@ class PythonInstance(RequestInstance):
         large inputs is sent only when awaited (after the ones before it are answered), so the
         batches sent ahead never hold more than a small share of the rings and never spill to
         one-off files where one at a time would not."""
-        if sum(a.nbytes for job in jobs for a in job.inputs.values()) > self._capacity // 16:
+        if sum(a.nbytes for job in jobs for a in job.inputs.values()) > self._large_bytes:
             return functools.partial(self.execute_requests, jobs)
         # Behind a batch not yet answered (the rest of a group), held: they leave together
         # when the first is awaited, in one write (each write from this thread is one more

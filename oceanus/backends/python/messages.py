@@ -61,8 +61,9 @@ class Init(NamedTuple):
     decoupled: bool
     s2w: str  # the server -> stub ring file
     w2s: str  # the stub -> server ring file
-    capacity: int
-    spill_prefix: str  # one-off files for messages too big for the ring
+    capacity: int  # of each ring, at start
+    spill_prefix: str  # one-off files for messages too big for the ring, and its new segments
+    growth: int  # the step by which the stub's ring grows (0: never)
     kind: int = 1
 
 

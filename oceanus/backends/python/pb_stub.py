@@ -52,7 +52,8 @@ IS_READY_TIMEOUT_S = 5.0
 class PbStub(runtime.Runtime):
     def __init__(self, channel: tp.Channel) -> None:
         self.channel = channel
-        # Batches (and FINALIZE) for the main thread; read by whichever thread reads the socket.
+        # Batches (and FINALIZE) for the main thread, each with its opened ring block (or None);
+        # read by whichever thread reads the socket.
         self.inbox: collections.deque[Any] = collections.deque()
         self.mailbox = tp.Mailbox(
             channel, self._on_message, self._server_gone, standby_after_s=STANDBY_AFTER_S
@@ -91,8 +92,14 @@ class PbStub(runtime.Runtime):
             threading.Thread(
                 target=self._check_ready, args=(message.check_id,), name="is_ready", daemon=True
             ).start()
+        elif isinstance(message, msg.Exec):
+            # Its block is opened now, in the order blocks were placed (a BLS response placed
+            # after it may be opened before the main thread gets to this batch; rings.py).
+            assert self.reader is not None
+            loc = message.location
+            self.inbox.append((message, self.reader.open(loc) if loc is not None else None))
         else:
-            self.inbox.append(message)
+            self.inbox.append((message, None))
 
     @staticmethod
     def _server_gone() -> None:
@@ -251,7 +258,9 @@ class PbStub(runtime.Runtime):
         self.model_version = int(args["model_version"])
         self.decoupled = message.decoupled
         self.reader = tp.RingReader(message.s2w, message.capacity)
-        self.writer = tp.RingWriter(message.w2s, message.capacity, message.spill_prefix)
+        self.writer = tp.RingWriter(
+            message.w2s, message.capacity, message.spill_prefix, message.growth
+        )
         try:
             self.model = model_class(load_module(model_path), model_path)()
             if not hasattr(self.model, "execute"):
@@ -278,10 +287,10 @@ class PbStub(runtime.Runtime):
         self.mailbox.wait(future.done, wakeable=True)
         return future.result()
 
-    def execute(self, message: msg.Exec) -> None:
-        batch_id, loc, entries = message.batch_id, message.location, message.requests
+    def execute(self, message: msg.Exec, opened: tuple[Any, Any] | None) -> None:
+        batch_id, entries = message.batch_id, message.requests
         assert self.reader is not None and self.writer is not None
-        block, token = self.reader.open(loc) if loc is not None else (None, None)
+        block, token = opened if opened is not None else (None, None)
         # Decoupled models may keep requests after execute returns: they get copies.
         copy = self.decoupled
         requests = []
@@ -411,9 +420,9 @@ class PbStub(runtime.Runtime):
         inbox = self.inbox
         while True:
             self.mailbox.wait(lambda: bool(inbox))
-            message = inbox.popleft()
+            message, opened = inbox.popleft()
             if isinstance(message, msg.Exec):
-                self.execute(message)
+                self.execute(message, opened)
                 if metrics.DEFERRED:  # metrics the model let go of
                     metrics.flush_deferred()
             elif isinstance(message, msg.Finalize):

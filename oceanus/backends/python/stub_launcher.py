@@ -1,7 +1,8 @@
 """A Python model's stub process (Triton's word for it): starting one, and what belongs to it.
 
-`spawn` starts `python -m oceanus.backends.python.pb_stub`, creates the two shared-memory rings,
-sends Init and waits for Ready (initialize() returned), serving the log lines, metric and
+`spawn` starts `python -m oceanus.backends.python.pb_stub`, creates the two shared-memory rings
+(each may grow and shrink later; the Stub keeps what they hold counted in the budget), sends
+Init and waits for Ready (initialize() returned), serving the log lines, metric and
 model-control calls the model makes from initialize() meanwhile. `run_autocomplete` starts a
 short-lived one that only calls the model's auto_complete_config.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import logging
 import os
 import signal
 import socket
@@ -28,6 +30,8 @@ from oceanus.ipc import budget
 
 if TYPE_CHECKING:
     from oceanus.backends.python.exec_env import PythonEnv
+
+log = logging.getLogger("oceanus.backends.python")
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
 # A model's is_ready(): an answer younger than this is reused (instance.py asks).
@@ -66,6 +70,22 @@ class Stub:
         self.check_id: int | None = None
         self.check_sent = 0.0
 
+    def held(self) -> int:
+        """What its rings hold in /dev/shm now (their newest segments)."""
+        return 2 * tp.RING_HEADER + self.writer.capacity + self.reader.capacity
+
+    def rings_resized(self, name: str) -> None:
+        """One of the rings moved to a segment of another size (its writer grew or shrank it:
+        oceanus/ipc/rings.py)."""
+        budget.resize(self.prefix, self.held())
+        log.info(
+            "model instance '%s': shared-memory rings now %s to the stub, %s back "
+            "(--backend-config=python,shm-growth-byte-size)",
+            name,
+            budget.human(self.writer.capacity),
+            budget.human(self.reader.capacity),
+        )
+
     def close_rings(self) -> None:
         self.writer.close()
         self.reader.close()
@@ -85,12 +105,16 @@ def spawn(
     metrics: MetricOwner,
     on_message: Callable[[Stub, msg.Message], None],
     python_env: PythonEnv | None = None,
+    growth: int = 0,
+    label: str = "",
 ) -> Stub:
     """Start a stub and wait for its initialize(); raises with the model's error.
 
-    `init(s2w, w2s, capacity, spill prefix)` makes the Init message; `on_message` serves what
-    the model sends before it is ready (log lines, metrics, model control); `python_env` is the
-    model's own environment (EXECUTION_ENV_PATH), None for the server's interpreter."""
+    `init(s2w, w2s, capacity, spill prefix)` makes the Init message; `capacity` is each ring's
+    size at start, `growth` the step by which the server's ring grows (the stub's grows by the
+    step Init names); `on_message` serves what the model sends before it is ready (log lines,
+    metrics, model control); `python_env` is the model's own environment (EXECUTION_ENV_PATH),
+    None for the server's interpreter; `label` names the rings on the status page (the model)."""
     tag = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
     prefix = f"{tp.shm_dir()}/oceanus-py-{os.getpid()}-{tag}-{generation}-{uuid.uuid4().hex[:8]}"
     s2w, w2s = f"{prefix}-s2w", f"{prefix}-w2s"
@@ -100,7 +124,7 @@ def spawn(
     except budget.ShmFull as full:
         unlink(s2w)
         raise shm_error(name, 2 * (tp.RING_HEADER + capacity), full) from None
-    budget.hold(prefix, 2 * (tp.RING_HEADER + capacity))
+    budget.hold(prefix, 2 * (tp.RING_HEADER + capacity), label)
     parent, child = socket.socketpair()
     process: subprocess.Popen[bytes] | None = None
     channel = tp.Channel(parent)
@@ -111,9 +135,10 @@ def spawn(
             env=stub_env(python_env),
         )
         child.close()
-        writer = tp.RingWriter(s2w, capacity, f"{prefix}-s-")
+        writer = tp.RingWriter(s2w, capacity, f"{prefix}-s-", growth)
         reader = tp.RingReader(w2s, capacity)
         stub = Stub(generation, process, channel, writer, reader, prefix, metrics, False)
+        writer.on_grow = reader.on_grow = lambda _capacity: stub.rings_resized(name)
         channel.send(init(s2w, w2s, capacity, f"{prefix}-w-"))
         while True:
             try:
@@ -154,8 +179,9 @@ def shm_error(instance: str, needed: int, full: budget.ShmFull) -> InferenceServ
         f"{budget.human(needed)} and {budget.shm_dir()} has {budget.human(full.free)} free of "
         f"{budget.human(full.size)}. Give the server more shared memory (docker run "
         "--shm-size, a larger memory-backed /dev/shm volume), use smaller rings "
-        "(--backend-config=python,shm-default-byte-size=<bytes per ring>; larger messages then "
-        "take one-off segments), or load fewer instances (instance_group count)"
+        "(--backend-config=python,shm-default-byte-size=<bytes for both rings>; they grow by "
+        "shm-growth-byte-size when a message needs more), or load fewer instances "
+        "(instance_group count)"
     )
 
 

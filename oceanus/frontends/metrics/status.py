@@ -27,6 +27,7 @@ from oceanus.core.server import ServerCore, display_name
 from oceanus.frontends.metrics.collector import shm_figures
 from oceanus.frontends.metrics.process import ProcessSampler, count_connections
 from oceanus.frontends.metrics.system import SystemMetrics
+from oceanus.ipc import budget
 
 # The window p50/p99 are computed over: short enough to follow a change in load within seconds,
 # long enough to hold a few hundred requests of a slow model.
@@ -233,7 +234,8 @@ class StatusSource:
                 "memory_total_bytes": machine.cpu_memory_total_bytes if machine else None,
                 "memory_used_bytes": machine.cpu_memory_used_bytes if machine else None,
             },
-            "shared_memory": shm_figures(),
+            # Per model, what its instances' rings reserve now and at start (they grow).
+            "shared_memory": {**shm_figures(), "rings": budget.held_by_label()},
             "models": models(core, self._folders),
         }
 

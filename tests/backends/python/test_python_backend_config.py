@@ -1,7 +1,7 @@
 """--backend-config=python,...: Triton's shared-memory sizes and stub timeout on our rings.
 
-The one-off files a message takes when it does not fit a ring are unlinked as soon as they are
-mapped; inotify counts them (oceanus/ipc/shm_watch.py)."""
+The files a message makes when it does not fit a ring (a one-off file, or the ring's new, larger
+segment) are unlinked as soon as they are mapped; inotify counts them (oceanus/ipc/shm_watch.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import tritonclient.http as httpclient
 
 from oceanus.backends.python import options
 from oceanus.core.errors import InferenceServerError
-from oceanus.ipc.rings import DEFAULT_RING_BYTES, shm_dir
+from oceanus.ipc.rings import shm_dir
 from oceanus.ipc.shm_watch import ShmWatch
 
 MODEL_PY = """import triton_python_backend_utils as pb_utils
@@ -43,8 +43,11 @@ def test_settings_of_the_python_backend_only() -> None:
     settings = options.backend_settings(flags, "python")
     assert settings == {"shm-default-byte-size": "1048576", "stub-timeout-seconds": "9"}
     parsed = options.parse(settings)
-    assert (parsed.ring_bytes, parsed.stub_timeout_s) == (1 << 20, 9.0)
-    assert options.parse({}).ring_bytes == DEFAULT_RING_BYTES  # unset: our default, not 1 MiB
+    # The stub's two rings share the region's size, as Triton's one region would take it.
+    assert (parsed.shm_bytes, parsed.ring_bytes, parsed.stub_timeout_s) == (1 << 20, 1 << 19, 9.0)
+    unset = options.parse({})  # Triton's defaults: 1 MiB at start, growing by 1 MiB
+    assert (unset.shm_bytes, unset.growth_bytes) == (1 << 20, 1 << 20)
+    assert options.parse({"shm-growth-byte-size": "0"}).growth_bytes == 0
 
 
 @pytest.mark.parametrize(
@@ -64,8 +67,8 @@ def test_bad_values_are_refused(key: str, value: str, minimum: int) -> None:
     )
 
 
-def one_off_files(launch: Any, repository: Path, ring_bytes: int, requests: int) -> int:
-    server = launch([repository], [f"--backend-config=python,shm-default-byte-size={ring_bytes}"])
+def files_made(launch: Any, repository: Path, settings: list[str], requests: int) -> int:
+    server = launch([repository], [f"--backend-config=python,{kv}" for kv in settings])
     client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
     tensor = httpclient.InferInput("IN", [ELEMENTS], "FP32")
     data = np.arange(ELEMENTS, dtype=np.float32)
@@ -80,10 +83,14 @@ def one_off_files(launch: Any, repository: Path, ring_bytes: int, requests: int)
         watch.close()
 
 
-def test_rings_sized_for_large_tensors_take_no_one_off_files(launch: Any, tmp_path: Path) -> None:
+def test_rings_grow_once_for_large_tensors(launch: Any, tmp_path: Path) -> None:
     (tmp_path / "big" / "1").mkdir(parents=True)
     (tmp_path / "big" / "1" / "model.py").write_text(MODEL_PY)
     (tmp_path / "big" / "config.pbtxt").write_text(CONFIG)
-    # Triton's default region (1 MiB) as our rings: each request's input and output spill.
-    assert one_off_files(launch, tmp_path, 1 << 20, 5) == 10
-    assert one_off_files(launch, tmp_path, 32 << 20, 5) == 0
+    # Triton's defaults (1 MiB for both rings, 1 MiB steps): the first request grows each ring
+    # once (one new segment per direction), then every 4 MiB tensor fits.
+    assert files_made(launch, tmp_path, [], 5) == 2
+    # Without growth each request's input and output take one-off files.
+    assert files_made(launch, tmp_path, ["shm-growth-byte-size=0"], 5) == 10
+    # Rings sized for the tensors from the start: nothing at all.
+    assert files_made(launch, tmp_path, ["shm-default-byte-size=33554432"], 5) == 0

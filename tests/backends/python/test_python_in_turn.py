@@ -70,8 +70,9 @@ def test_queued_requests_execute_one_each_in_order_with_their_own_compute_time(
 
 def test_large_inputs_are_not_sent_ahead_into_the_rings(tmp_path: Path) -> None:
     """Six queued requests of 2 MiB each, 25 ms of execute each: the five behind the first,
-    sent ahead together, would fill the default 8 MiB ring while the stub sleeps and spill to
-    one-off files; a large batch is sent only once the one before it is answered: none spills."""
+    sent ahead together, would fill the ring to the stub while the stub sleeps and grow it again
+    and again (or spill to one-off files); a large batch is sent only once the one before it is
+    answered: the ring grows once, to hold one, and nothing spills."""
     repository = copy_models(tmp_path, ["in_turn"])
     elements = 512 * 1024  # 2 MiB of INT32
 
@@ -83,13 +84,15 @@ def test_large_inputs_are_not_sent_ahead_into_the_rings(tmp_path: Path) -> None:
             await warm_up(core)
             big = [core.infer(request(100 + i, elements), "test") for i in range(REQUESTS)]
             responses = await asyncio.gather(*big)
-            spilled = [n for n in watch.created() if n.startswith(f"oceanus-py-{os.getpid()}-")]
+            made = [n for n in watch.created() if n.startswith(f"oceanus-py-{os.getpid()}-")]
         finally:
             watch.close()
             await core.shutdown()
         rows = [r.outputs[0].data.tolist() for r in responses if isinstance(r, InferResponse)]
         assert [row[0] for row in rows] == [100 + i for i in range(REQUESTS)]
-        assert spilled == []
+        # New segments of the ring to the stub (-s-g<n>): one; one-off files: none.
+        assert len([n for n in made if "-s-g" in n]) == 1, made
+        assert [n for n in made if "-s-g" not in n and "-w-g" not in n] == []
 
     asyncio.run(main())
 

@@ -14,7 +14,7 @@ from oceanus.ipc.channel import MessageKinds
 DESC = ("INPUT0", "FP32", (1, 16), 0, 64)
 LOC = ("r", 0, 64)
 EXAMPLES: list[tuple[object, ...]] = [
-    msg.Init("/m/1/model.py", {"model_name": "m"}, False, "/s2w", "/w2s", 4096, "/spill-"),
+    msg.Init("/m/1/model.py", {"model_name": "m"}, False, "/s2w", "/w2s", 4096, "/spill-", 1024),
     msg.Autocomplete("/m/1/model.py", "{}"),
     msg.Exec(1, LOC, [(7, "id", "corr", 3, 0, "{}", ["OUT"], [DESC])]),
     msg.BlsResponse(2, None, msg.error_payload("INTERNAL", "no"), True),

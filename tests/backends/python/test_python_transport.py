@@ -163,3 +163,80 @@ def test_numpy_dtypes() -> None:
     with pytest.raises(ValueError):
         tp.numpy_dtype("FP8")
     assert os.path.isdir(tp.shm_dir())
+
+
+def test_a_growing_ring_moves_to_a_larger_segment_old_blocks_stay_readable(tmp_path: Path) -> None:
+    path = tmp_path / "ring"
+    tp.create_ring_file(str(path), 4096)
+    grown: list[tuple[str, int]] = []
+    writer = tp.RingWriter(
+        str(path), 4096, str(tmp_path / "spill-"), 4096, lambda c: grown.append(("w", c))
+    )
+    reader = tp.RingReader(str(path), 4096, lambda c: grown.append(("r", c)))
+    os.unlink(path)
+    small = np.arange(256, dtype=np.int32)  # 1 KiB: fits the first segment
+    loc, descs = tp.pack(writer, [[("small", "INT32", small)]])
+    assert loc is not None and loc[0] == "r"
+    block, held = reader.open(loc)
+    kept = tp.unpack(block, descs[0], copy=False)[0][2]  # a view into the first segment
+    big = np.arange(3000, dtype=np.float32)  # 12,000 B: the ring grows by 2 steps of 4 KiB
+    arrays, loc = round_trip(writer, reader, [("big", "FP32", big)])
+    assert loc is not None and loc[0] == "g" and loc[2] == 12288
+    assert arrays[0][2].tolist() == big.tolist()
+    assert grown == [("w", 12288), ("r", 12288)]
+    assert writer.capacity == reader.capacity == 12288
+    # The new segment's name is gone once the reader mapped it; nothing was spilled.
+    assert not list(tmp_path.glob("spill-*"))
+    # The old segment's block is still readable, and later blocks wrap in the new segment.
+    assert kept.tolist() == small.tolist()
+    reader.release(held)
+    for i in range(40):
+        arrays, loc = round_trip(writer, reader, [("x", "INT32", np.full(900, i, np.int32))])
+        assert loc is not None and loc[0] == "r"
+        assert arrays[0][2].tolist() == [i] * 900
+    assert kept.tolist() == small.tolist()
+    # A full ring (its blocks held) grows by one step.
+    tokens = []
+    for i in range(5):
+        loc, descs = tp.pack(writer, [[("x", "INT32", np.full(900, i, np.int32))]])
+        tokens.append(reader.open(loc)[1])
+    assert writer.capacity == 16384
+    for token in tokens:
+        reader.release(token)
+
+
+def test_a_ring_without_growth_keeps_its_size(
+    ring: tuple[tp.RingWriter, tp.RingReader, Path],
+) -> None:
+    writer, reader, _ = ring
+    _, loc = round_trip(writer, reader, [("big", "FP64", np.zeros(1000))])
+    assert loc is not None and loc[0] == "f" and writer.capacity == 4096
+
+
+def test_a_grown_ring_shrinks_back_once_a_window_passes_without_needing_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "ring"
+    tp.create_ring_file(str(path), 4096)
+    sizes: list[int] = []
+    # A window of 0 s: every message ends one (the server's is rings.SHRINK_AFTER_S).
+    writer = tp.RingWriter(str(path), 4096, str(tmp_path / "spill-"), 4096, sizes.append, 0.0)
+    reader = tp.RingReader(str(path), 4096)
+    os.unlink(path)
+    big = np.arange(3000, dtype=np.float32)
+    _, loc = round_trip(writer, reader, [("big", "FP32", big)])
+    assert loc is not None and loc[0] == "g" and writer.capacity == 12288
+    small = np.arange(256, dtype=np.int32)
+    # The window that saw the big block keeps the size; the next, with small blocks only, ends
+    # in a move back to the size at start.
+    arrays, loc = round_trip(writer, reader, [("small", "INT32", small)])
+    assert loc is not None and loc[0] == "r" and writer.capacity == 12288
+    arrays, loc = round_trip(writer, reader, [("small", "INT32", small)])
+    assert loc is not None and loc[0] == "g" and loc[2] == 4096
+    assert arrays[0][2].tolist() == small.tolist()
+    assert writer.capacity == reader.capacity == 4096 and sizes == [12288, 4096]
+    for i in range(20):  # and it serves on, growing again when it must
+        data = np.full(900 if i % 5 else 2500, i, np.int32)
+        arrays, _ = round_trip(writer, reader, [("x", "INT32", data)])
+        assert arrays[0][2].tolist() == data.tolist()
+    assert not list(tmp_path.glob("spill-*"))

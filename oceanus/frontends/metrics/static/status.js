@@ -420,7 +420,10 @@
     const machine = doc.machine;
     setText("machine", machine.cpu_utilization === null ? "–" : `${number.format(100 * machine.cpu_utilization)} %`);
     const shm = doc.shared_memory;
-    const shmText = shm ? `; /dev/shm ${fmtBytes(shm.used_bytes)} used, ${fmtBytes(shm.reserved_bytes)} reserved by models, of ${fmtBytes(shm.size_bytes)}${shm.fallbacks ? `, ${number.format(shm.fallbacks)} messages without room` : ""}` : "";
+    // Python models whose rings grew past their start size (shm-growth-byte-size).
+    const grown = shm && shm.rings ? Object.entries(shm.rings).filter(([, r]) => r.reserved_bytes > r.initial_bytes) : [];
+    const grownText = grown.length ? `; rings grown: ${grown.map(([name, r]) => `${name} ${fmtBytes(r.reserved_bytes)} (from ${fmtBytes(r.initial_bytes)})`).join(", ")}` : "";
+    const shmText = shm ? `; /dev/shm ${fmtBytes(shm.used_bytes)} used, ${fmtBytes(shm.reserved_bytes)} reserved by models, of ${fmtBytes(shm.size_bytes)}${shm.fallbacks ? `, ${number.format(shm.fallbacks)} messages without room` : ""}${grownText}` : "";
     setText("machine-sub", (machine.memory_total_bytes ? `CPU busy; memory ${fmtBytes(machine.memory_used_bytes)} of ${fmtBytes(machine.memory_total_bytes)}` : "CPU busy") + shmText);
     setText("uptime", fmtDuration(doc.uptime_s));
     setText("uptime-sub", `oceanus ${server.version} · ${server.control_mode} model control`);
