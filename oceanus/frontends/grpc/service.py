@@ -28,6 +28,7 @@ from oceanus.core.errors import (
 )
 from oceanus.core.observability.tracing import Trace, TraceSettingError
 from oceanus.core.server import DECOUPLED_UNSUPPORTED, ServerCore
+from oceanus.core.shared_memory import SharedMemoryManager
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.decoding import DECODE_ON_THREAD_BYTES
 from oceanus.frontends.grpc import codec, health
@@ -296,14 +297,15 @@ class GrpcService:
         request still queued leaves the queue.
         """
         try:
-            try:
-                if len(data) > DECODE_ON_THREAD_BYTES:
-                    request = await asyncio.to_thread(codec.decode, data, self.core.shared_memory)
-                else:
-                    request = codec.decode(data, self.core.shared_memory)
-            except InferenceServerError:
-                self._check_model(codec.parse_infer_request(data)[0], "ModelInfer RPC")
-                raise
+            if len(data) > DECODE_ON_THREAD_BYTES:
+                message, decoded = await asyncio.to_thread(_decode, data, self.core.shared_memory)
+            else:
+                message, decoded = _decode(data, self.core.shared_memory)
+            if isinstance(decoded, InferenceServerError):
+                # the message parsed once: a large one is never parsed again on the loop
+                self._check_model(message, "ModelInfer RPC")
+                raise decoded
+            request = decoded
             if self.header_forward:
                 self.header_forward.apply(context.invocation_metadata() or (), request.parameters)
             if self.core.tracer.active:
@@ -470,6 +472,18 @@ class GrpcService:
                 response_serializer=_serialize,
             )
         }
+
+
+def _decode(
+    data: bytes, shm: SharedMemoryManager
+) -> tuple[pb.ModelInferRequest, InferRequest | InferenceServerError]:
+    """The parsed message and its core request, or the error decoding it raised (the caller
+    checks the model first, in Triton's order). A message that does not parse raises."""
+    message, raw = codec.parse_infer_request(data)
+    try:
+        return message, codec.decode_infer_request(message, raw, shm)
+    except InferenceServerError as exc:
+        return message, exc
 
 
 def _serialize(message: Any) -> bytes:

@@ -16,10 +16,12 @@ from oceanus.frontends.grpc_transport.call import (
     OK_TRAILERS,
     RESPONSE_HEADERS,
     Call,
+    Compressed,
     MessageError,
     MessageReader,
     RequestStream,
     RpcAbort,
+    inflate_message,
     parse_timeout,
     status_trailers,
 )
@@ -132,7 +134,7 @@ class Connection(asyncio.Protocol):
         self._calls[stream_id] = call
         self._pings_without_data = 0
         if handler.stream_stream is not None:
-            call.requests = RequestStream(handler.request_deserializer)
+            call.requests = RequestStream(handler.request_deserializer, reader)
             call.task = self._loop.create_task(self._run(call))
         elif handler.unary_unary is None:
             del self._calls[stream_id]
@@ -187,7 +189,7 @@ class Connection(asyncio.Protocol):
 
     # ---- running handlers ---------------------------------------------------------------
 
-    async def _run(self, call: Call, data: bytes | None = None) -> None:
+    async def _run(self, call: Call, data: bytes | Compressed | None = None) -> None:
         """The call's handler: a unary one with its request `data`, a streaming one (data
         None) reading `call.requests`; its outcome becomes the call's status."""
         handler = call.handler
@@ -195,6 +197,8 @@ class Connection(asyncio.Protocol):
             if call.requests is not None:
                 await handler.stream_stream(call.requests, call)
             else:
+                if isinstance(data, Compressed):
+                    data = await inflate_message(data, call.reader.encoding, call.reader.limit)
                 deserialize = handler.request_deserializer
                 request = data if deserialize is None else deserialize(data)
                 response = await handler.unary_unary(request, call)
@@ -203,7 +207,7 @@ class Connection(asyncio.Protocol):
         except asyncio.CancelledError:
             self._cancelled(call)
             return
-        except RpcAbort as abort:
+        except (RpcAbort, MessageError) as abort:
             self._end_call(call, abort.code, abort.details)
             return
         except Exception as exc:

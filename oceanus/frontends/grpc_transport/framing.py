@@ -45,6 +45,9 @@ MAX_CONTINUATIONS = 64
 # ignored (RFC 9113 5.1, "closed"); the oldest are forgotten past this many.
 _RESET_MEMORY = 1024
 
+# Header values longer than this are not Huffman-coded (see Http2._encode).
+HUFFMAN_MAX = 256
+
 _HEAD = struct.Struct(">HBBBL")  # 24-bit length as 16 + 8 bits, type, flags, stream id
 _SETTING = struct.Struct(">HL")
 _OUR_SETTINGS = b"".join(
@@ -206,7 +209,11 @@ class Http2:
         table = encoder.header_table
         before = _table_state(table)
         resized = bool(encoder.table_size_changes)  # this block carries a size update
-        block = encoder.encode(headers)
+        # hpack's Huffman coder builds one integer of the whole string: quadratic in its length
+        # (a 300 KB value took 22 s). Long values are sent as they are, which costs at most
+        # a quarter more bytes and is linear.
+        huffman = all(len(value) <= HUFFMAN_MAX for _, value in headers)
+        block = encoder.encode(headers, huffman=huffman)
         if resized or _table_state(table) != before:
             self._encoded.clear()
         else:
