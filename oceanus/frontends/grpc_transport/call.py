@@ -72,12 +72,18 @@ def percent_encode(text: str) -> bytes:
 
 
 def parse_timeout(value: bytes) -> float | None:
-    """grpc-timeout ("100m", "5S", ...) in seconds; None when malformed."""
+    """grpc-timeout ("100m", "5S", ...) in seconds; None when malformed. As grpc core reads
+    it: whitespace around it ignored, up to 9 digits (the spec says 8; grpc core takes 9)."""
+    value = value.strip()
     unit = _TIMEOUT_UNITS.get(value[-1:])
     digits = value[:-1]
-    if unit is None or not digits.isdigit() or len(digits) > 8:
+    if unit is None or not digits.isdigit() or len(digits) > 9:
         return None
     return int(digits) * unit
+
+
+# grpc core's words for a grpc-timeout it cannot read (INTERNAL, before any handler runs).
+BAD_TIMEOUT = "Error parsing 'grpc-timeout' metadata"
 
 
 def metadata_of(headers: list[tuple[bytes, bytes]]) -> tuple[tuple[str, str | bytes], ...]:

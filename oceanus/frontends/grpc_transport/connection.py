@@ -15,6 +15,7 @@ from oceanus.frontends.grpc_transport import framing
 from oceanus.frontends.grpc_transport.call import (
     OK_TRAILERS,
     RESPONSE_HEADERS,
+    BAD_TIMEOUT,
     Call,
     Compressed,
     MessageError,
@@ -114,18 +115,29 @@ class Connection(asyncio.Protocol):
     def on_request(self, stream_id: int, headers: list[tuple[bytes, bytes]]) -> None:
         path = b""
         encoding = b"identity"
-        timeout = None
+        timeout_value = None
         for key, value in headers:
             if key == b":path":
                 path = value
             elif key == b"grpc-timeout":
-                timeout = parse_timeout(value)
+                timeout_value = value
             elif key == b"grpc-encoding":
                 encoding = value
         handler = self._handlers.get(path)
         if self._going_away:
             self._h2.reset(stream_id, framing.REFUSED_STREAM)
             return
+        timeout = None
+        if timeout_value is not None:
+            timeout = parse_timeout(timeout_value)
+            if timeout is None:  # grpc core: INTERNAL in its words, no handler runs
+                self._trailers_only(stream_id, grpc.StatusCode.INTERNAL, BAD_TIMEOUT)
+                return
+            if timeout <= 0:  # spent before it came: answered at once, as by grpc core
+                self._trailers_only(
+                    stream_id, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"
+                )
+                return
         if handler is None:
             self._trailers_only(stream_id, grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
             return
@@ -227,8 +239,12 @@ class Connection(asyncio.Protocol):
 
     def _deadline(self, call: Call) -> None:
         call.deadline_hit = True
-        if call.task is not None and not call.task.done():
-            call.task.cancel()
+        task = call.task
+        if task is not None and not task.done():
+            task.cancel()
+            # A task cancelled before its first step never runs its body (nor _cancelled):
+            # a deadline of a few ns would leave the call unanswered.
+            task.add_done_callback(lambda _: self._cancelled(call))
         else:  # a unary call still receiving its request
             self._end_call(call, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
 

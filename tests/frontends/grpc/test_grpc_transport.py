@@ -195,6 +195,30 @@ def test_the_server_ends_a_call_at_its_grpc_timeout(server: Any) -> None:
         peer.close()
 
 
+def test_spent_and_malformed_deadlines_are_answered(server: Any) -> None:
+    """A grpc-timeout spent on arrival is DEADLINE_EXCEEDED at once; one of a few ns may
+    serve or expire, but is answered (its task was cancelled before it ran: no answer before
+    issue 42); a malformed one is grpc core's INTERNAL, in its words."""
+    peer = RawPeer(server.grpc_port)
+    try:
+        for value in ("0n", "0S", "0H"):
+            trailers = _trailers(_call(peer, "ServerLive", b"", [("grpc-timeout", value)]))
+            assert trailers[b"grpc-status"] == b"4", value
+            assert trailers[b"grpc-message"] == b"Deadline Exceeded"
+        for _ in range(50):
+            for value in ("1n", "1u", "10u"):
+                trailers = _trailers(_call(peer, "ServerLive", b"", [("grpc-timeout", value)]))
+                assert trailers[b"grpc-status"] in (b"0", b"4"), value
+        for value in ("12x", "m", "-1S", "1.5S", "1234567890S"):
+            trailers = _trailers(_call(peer, "ServerLive", b"", [("grpc-timeout", value)]))
+            assert trailers[b"grpc-status"] == b"13", value
+            assert trailers[b"grpc-message"] == b"Error parsing 'grpc-timeout' metadata"
+        trailers = _trailers(_call(peer, "ServerLive", b"", [("grpc-timeout", " 5S ")]))
+        assert trailers[b"grpc-status"] == b"0"
+    finally:
+        peer.close()
+
+
 @pytest.fixture(scope="module")
 def strict_server(launch_module: Any) -> Any:
     return launch_module(
@@ -376,6 +400,9 @@ def test_timeouts_status_text_and_metadata() -> None:
     assert parse_timeout(b"2H") == 7200.0
     assert parse_timeout(b"12x") is None
     assert parse_timeout(b"m") is None
+    assert parse_timeout(b"123456789S") == 123456789.0  # grpc core takes 9 digits
+    assert parse_timeout(b"1234567890S") is None
+    assert parse_timeout(b"-1S") is None
     assert percent_encode("plain text") == b"plain text"
     assert percent_encode("50% \u00b2\n") == b"50%25 %C2%B2%0A"
     headers = [
