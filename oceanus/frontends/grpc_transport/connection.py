@@ -13,9 +13,9 @@ import grpc
 
 from oceanus.frontends.grpc_transport import framing
 from oceanus.frontends.grpc_transport.call import (
+    BAD_TIMEOUT,
     OK_TRAILERS,
     RESPONSE_HEADERS,
-    BAD_TIMEOUT,
     Call,
     Compressed,
     MessageError,
@@ -45,8 +45,15 @@ class Connection(asyncio.Protocol):
         self._limits = server.limits
         self._handlers = server.handlers
         self._loop = asyncio.get_running_loop()
-        self._h2 = framing.Http2(self)
+        self._h2 = framing.Http2(self, self._limits.max_concurrent_streams)
         self._calls: dict[int, Call] = {}
+        # Calls with bytes queued that wait for the peer's window: all a connection-level
+        # WINDOW_UPDATE has to look at (a flood of them walked every call).
+        self._blocked: dict[int, Call] = {}
+        # Why we stopped reading: the peer reads none of our answers ("write"), or frames
+        # wait past a turn's budget ("turn"). Read again when neither holds.
+        self._not_reading: set[str] = set()
+        self._turn_scheduled = False
         self._transport: asyncio.Transport | None = None
         self._flush_scheduled = False
         self._going_away = False
@@ -99,13 +106,44 @@ class Connection(asyncio.Protocol):
             self._close()
             return
         self._flush()
+        if self._h2.pending:
+            # Past this turn's frame budget: the rest waits for the next turn, after the
+            # other connections have had theirs, and nothing more is read meanwhile.
+            self._stop_reading("turn")
+            if not self._turn_scheduled:
+                self._turn_scheduled = True
+                self._loop.call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        self._turn_scheduled = False
+        if self._transport is None:
+            return
+        self.data_received(b"")
+        if not self._h2.pending:
+            self._read_again("turn")
+
+    def _stop_reading(self, why: str) -> None:
+        if not self._not_reading and self._transport is not None:
+            self._transport.pause_reading()
+        self._not_reading.add(why)
+
+    def _read_again(self, why: str) -> None:
+        if why not in self._not_reading:
+            return
+        self._not_reading.discard(why)
+        if not self._not_reading and self._transport is not None:
+            self._transport.resume_reading()
 
     def pause_writing(self) -> None:
+        # The peer reads nothing of what we send: read nothing of what it sends (a flood of
+        # SETTINGS or PINGs would otherwise fill our buffer with the ACKs it never reads).
         self._server.paused.add(self)
+        self._stop_reading("write")
 
     def resume_writing(self) -> None:
         self._server.paused.discard(self)
-        for call in self._calls.values():
+        self._read_again("write")
+        for call in list(self._calls.values()):
             self._pump(call)
 
     # ---- requests -----------------------------------------------------------------------
@@ -252,6 +290,7 @@ class Connection(asyncio.Protocol):
         """The client reset the call or left: its handler is cancelled, nothing is sent."""
         call.trailers = []
         call.outgoing.clear()
+        self._blocked.pop(call.stream_id, None)
         if call.task is not None and not call.task.done():
             call.task.cancel()
         if call.writable is not None and not call.writable.done():
@@ -308,9 +347,8 @@ class Connection(asyncio.Protocol):
             if call is not None:
                 self._pump(call)
             return
-        for call in list(self._calls.values()):
-            if call.outgoing:
-                self._pump(call)
+        for call in list(self._blocked.values()):
+            self._pump(call)
 
     def _pump(self, call: Call) -> None:
         """Send what the peer's windows allow of the call's queued bytes, then its trailers."""
@@ -318,6 +356,7 @@ class Connection(asyncio.Protocol):
         stream_id = call.stream_id
         outgoing = call.outgoing
         if stream_id not in h2c.streams:  # reset by a stream error, or ended
+            self._blocked.pop(stream_id, None)
             if self._calls.pop(stream_id, None) is not None:
                 self._abandon(call)
         else:
@@ -341,6 +380,10 @@ class Connection(asyncio.Protocol):
                     if call.offset == len(first):
                         outgoing.popleft()
                         call.offset = 0
+            if outgoing:
+                self._blocked[stream_id] = call
+            elif self._blocked:
+                self._blocked.pop(stream_id, None)
             if not outgoing and call.trailers:
                 h2c.end_stream(stream_id, call.trailers)
                 call.trailers = []
