@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from oceanus.frontends.compression import inflate
+from oceanus.frontends.compression import INFLATE_INLINE_BYTES, inflate
 
 if TYPE_CHECKING:
     from oceanus.frontends.grpc_transport.connection import Connection
@@ -120,10 +120,9 @@ def decompress(data: bytes, encoding: bytes, limit: int) -> bytes:
     return message
 
 
-# Compressed messages up to this size are inflated as they arrive; larger ones (up to a
-# thousand times larger inflated) on a thread, by the call's task, so one small request never
-# holds the loop for the second a gigabyte of zeros takes to inflate.
-INFLATE_INLINE_BYTES = 4096
+# Compressed messages up to INFLATE_INLINE_BYTES are inflated as they arrive; larger ones on
+# a thread, by the call's task, so one small request never holds the loop for the second a
+# gigabyte of zeros takes to inflate.
 
 
 class Compressed:
