@@ -18,6 +18,7 @@ in one run). Results: printed as a Markdown table, written to bench/results/grpc
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import socket
 import sys
@@ -408,15 +409,73 @@ def deadlines(port: int, calls: int) -> dict[str, Any]:
     }
 
 
+def gzip_refusal(port: int, pid: int, calls: int = 50) -> dict[str, Any]:
+    """8 KB of gzip (8 MiB of zeros), compressed once here and sent as it is (raw HTTP/2, one
+    call at a time): the server's time to refuse it and its RSS growth."""
+    bomb = gzip.compress(b"\0" * (8 << 20))
+    message = b"\1" + len(bomb).to_bytes(4, "big") + bomb
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    sock.sendall(conn.data_to_send())
+    before = peak = rss_mb(pid)
+    times = []
+    statuses: dict[str, int] = {}
+    for _ in range(calls):
+        stream = conn.get_next_available_stream_id()
+        conn.send_headers(
+            stream,
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", INFER),
+                (":authority", "localhost"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+                ("grpc-encoding", "gzip"),
+            ],
+        )
+        conn.send_data(stream, message, end_stream=True)
+        started = time.monotonic()
+        sock.sendall(conn.data_to_send())
+        done = False
+        while not done:
+            data = sock.recv(1 << 16)
+            if not data:
+                break
+            for event in conn.receive_data(data):
+                if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                    status = dict(event.headers).get(b"grpc-status")
+                    if status is not None:
+                        key = status.decode()
+                        statuses[key] = statuses.get(key, 0) + 1
+                if isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)):
+                    done = True
+            sock.sendall(conn.data_to_send())
+        times.append(time.monotonic() - started)
+        peak = max(peak, rss_mb(pid))
+    sock.close()
+    return {
+        "class": "gzip_8kb_refusal",
+        "bomb_bytes": len(bomb),
+        "calls": len(times),
+        "by_grpc_status": statuses,
+        "median_ms": benchlib.median(times) * 1000,
+        "worst_ms": max(times) * 1000,
+        "rss_before_mb": round(before),
+        "rss_peak_mb": round(peak),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--classes", default=",".join([*ATTACKS, "deadlines"]))
+    parser.add_argument("--classes", default=",".join([*ATTACKS, "deadlines", "gzip_8kb_refusal"]))
     parser.add_argument("--baseline", type=Path, default=None)
     parser.add_argument("--deadline-calls", type=int, default=20_000)
     args = parser.parse_args()
     classes = [c for c in args.classes.split(",") if c]
-    unknown = set(classes) - set(ATTACKS) - {"deadlines"}
+    unknown = set(classes) - set(ATTACKS) - {"deadlines", "gzip_8kb_refusal"}
     if unknown:
         parser.error(f"unknown classes: {sorted(unknown)}")
     repository = benchlib.example_repository(["simple"])
@@ -433,6 +492,8 @@ def main() -> None:
             ) as server:
                 if name == "deadlines":
                     row = deadlines(server.grpc_port or 0, args.deadline_calls)
+                elif name == "gzip_8kb_refusal":
+                    row = gzip_refusal(server.grpc_port or 0, server.proc.pid)
                 else:
                     row = run_class(name, server, args.seconds)
                 row["server"] = tag
@@ -444,6 +505,20 @@ def main() -> None:
     headers += ["attacker", "RSS before/peak/after MB"]
     table = []
     for row in rows:
+        if row["class"] == "gzip_8kb_refusal":
+            table.append(
+                [
+                    row["server"],
+                    "gzip_8kb_refusal",
+                    "-",
+                    "-",
+                    benchlib.fmt_num(row["median_ms"]),
+                    benchlib.fmt_num(row["worst_ms"]),
+                    f"{row['calls']} x {row['bomb_bytes']} B of gzip: {row['by_grpc_status']}",
+                    f"{row['rss_before_mb']}/{row['rss_peak_mb']}/-",
+                ]
+            )
+            continue
         if row["class"] == "deadlines":
             table.append(
                 [
