@@ -376,7 +376,9 @@ class Http2:
 
     def _refuse(self, stream_id: int, text: str) -> None:
         """A malformed request (RFC 9113 8.1.1): gRPC's INTERNAL with `text` for the client
-        to read, as grpc core answers, then RST_STREAM PROTOCOL_ERROR, as RFC 9113 asks."""
+        to read, as grpc core answers, then RST_STREAM PROTOCOL_ERROR, as RFC 9113 asks.
+        Counted as a frame that does no work: a flood of them is told to calm down."""
+        self._idle()
         block = self._encode(
             [
                 (b":status", b"200"),

@@ -621,3 +621,12 @@ def test_settings_that_change_nothing_wake_no_call() -> None:
     assert recorder.events == []
     conn.receive(settings(initial_window_size=70000))
     assert recorder.events == [("window", 0)]
+
+
+def test_a_flood_of_malformed_requests_gets_enhance_your_calm() -> None:
+    conn, _ = opened()
+    encoder = hpack.Encoder()
+    block = encoder.encode([*REQUEST, (b"X-Up", b"1")])
+    allowed = framing.FLOOD_FRAMES - 1  # the preface's SETTINGS counted one
+    conn.receive(b"".join(raw_frame(1, 0x5, 2 * n + 1, block) for n in range(allowed)), 10**6)
+    _calm(conn, raw_frame(1, 0x5, 2 * allowed + 1, block))
