@@ -172,3 +172,28 @@ def test_a_long_model_name_is_answered_quickly_in_triton_words(grpc_channel: grp
     assert isinstance(answer, grpc.RpcError)
     assert len(answer.details()) <= MAX_DETAILS
     assert answer.details().startswith("Request for unknown model: 'mmm")
+
+
+def _many_inputs() -> bytes:
+    """1 MiB naming ~60,000 empty inputs: each a Python step of the decoder (0.4 s of the loop
+    before they were decoded on a thread)."""
+    request = pb.ModelInferRequest(model_name="simple")
+    for _ in range(60_000):
+        request.inputs.add(name="I", datatype="INT32", shape=[0])
+        request.raw_input_contents.append(b"")
+    return request.SerializeToString()
+
+
+def test_a_request_naming_many_tensors_is_refused_and_the_server_serves_on(
+    grpc_channel: grpc.Channel,
+) -> None:
+    answer = _infer(grpc_channel, _many_inputs())
+    assert isinstance(answer, grpc.RpcError)
+    assert answer.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert len(answer.details()) <= MAX_DETAILS
+    stream = grpc_channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+    responses = list(stream(iter([_many_inputs(), _simple()]), timeout=30))
+    first, second = (pb.ModelStreamInferResponse.FromString(r) for r in responses)
+    assert first.error_message == "[request id: <id_unknown>] input 'I' already exists in request"
+    assert not second.error_message
+    assert isinstance(_infer(grpc_channel, _simple()), bytes)
