@@ -15,6 +15,7 @@ import h2.config
 import h2.connection
 import h2.errors
 import h2.events
+import h2.settings
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -231,6 +232,7 @@ def strict_server(launch_module: Any) -> Any:
             "--grpc-keepalive-permit-without-calls=true",
             "--grpc-max-connection-age=1500",
             "--grpc-max-connection-age-grace=500",
+            "--grpc-max-concurrent-streams=2",
         ],
     )
 
@@ -240,6 +242,38 @@ def peer(strict_server: Any) -> Iterator[RawPeer]:
     client = RawPeer(strict_server.grpc_port)
     yield client
     client.close()
+
+
+def test_max_concurrent_streams_is_announced_and_past_it_streams_are_refused(
+    peer: RawPeer,
+) -> None:
+    """--grpc-max-concurrent-streams: announced in our SETTINGS; a client that opens more
+    anyway gets REFUSED_STREAM for the extra one (h2spec 5.1.2), the others are served."""
+    events = peer.events_until(h2.events.RemoteSettingsChanged, 5)
+    changed = next(e for e in events if isinstance(e, h2.events.RemoteSettingsChanged))
+    assert changed.changed_settings[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS].new_value == 2
+    peer.h2.remote_settings.max_concurrent_streams = 2**31 - 1  # h2 would hold the third back
+    peer.h2.remote_settings.acknowledge()
+    streams = []
+    for _ in range(3):
+        stream = peer.h2.get_next_available_stream_id()
+        peer.h2.send_headers(
+            stream,
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", "/inference.GRPCInferenceService/ModelStreamInfer"),
+                (":authority", "localhost"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+            ],
+        )
+        streams.append(stream)
+    peer.flush()
+    events = peer.events_until(h2.events.StreamReset, 5)
+    reset = events[-1]
+    assert isinstance(reset, h2.events.StreamReset), events
+    assert (reset.stream_id, reset.error_code) == (streams[2], h2.errors.ErrorCodes.REFUSED_STREAM)
 
 
 def test_pings_too_often_get_goaway_enhance_your_calm(peer: RawPeer) -> None:
