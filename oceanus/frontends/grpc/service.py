@@ -297,7 +297,11 @@ class GrpcService:
         request still queued leaves the queue.
         """
         try:
-            message, decoded = await self._decode(data)
+            if len(data) < _FEW_BYTES:  # the common case, without a coroutine
+                message, raw = codec.parse_infer_request(data)
+                decoded = _decode_parsed(message, raw, self.core.shared_memory)
+            else:
+                message, decoded = await self._decode(data)
             if isinstance(decoded, InferenceServerError):
                 # the message parsed once: a large one is never parsed again on the loop
                 self._check_model(message, "ModelInfer RPC")
@@ -324,6 +328,8 @@ class GrpcService:
         if len(data) > DECODE_ON_THREAD_BYTES:
             return await asyncio.to_thread(_decode, data, shm)
         message, raw = codec.parse_infer_request(data)
+        if len(data) < _FEW_BYTES:
+            return message, _decode_parsed(message, raw, shm)
         if len(message.inputs) + len(message.outputs) + len(message.parameters) > _MANY:
             return message, await asyncio.to_thread(_decode_parsed, message, raw, shm)
         return message, _decode_parsed(message, raw, shm)
@@ -490,8 +496,10 @@ class GrpcService:
         }
 
 
-# A message naming more tensors and parameters than this is decoded on a thread.
+# A message naming more tensors and parameters than this is decoded on a thread. Each takes
+# at least 2 bytes, so a message under _FEW_BYTES names fewer and is not counted.
 _MANY = 256
+_FEW_BYTES = 2 * _MANY
 
 # A request message parsed, with its core request or the error decoding it raised.
 Prepared: TypeAlias = "tuple[pb.ModelInferRequest, InferRequest | InferenceServerError]"
