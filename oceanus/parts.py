@@ -82,6 +82,7 @@ def grpc_limits(settings: Settings) -> Limits:
         max_ping_strikes=settings.grpc_http2_max_ping_strikes,
         max_age_s=_seconds(settings.grpc_max_connection_age),
         age_grace_s=_seconds(settings.grpc_max_connection_age_grace),
+        max_concurrent_streams=settings.grpc_max_concurrent_streams,
     )
 
 

@@ -62,6 +62,13 @@ RESTRICTED_GROUPS = (
 )
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"value must be at least 1, got {value}")
+    return value
+
+
 def _restrictions(option: str, feature: str, prefix: str) -> Callable[[list[str]], Any]:
     """Repeated `<groups>:<key>=<value>` values into category -> (header, value)."""
 
@@ -241,6 +248,14 @@ class Settings:
         "bad pings before the connection is closed (0: no limit)",
         GRPC,
         **COUNT,
+    )
+    grpc_max_concurrent_streams: int = setting(
+        1000,
+        "--grpc-max-concurrent-streams",
+        "calls a connection may have open at once (announced; more are refused)",
+        GRPC,
+        parse=checked(_positive),
+        kind=int,
     )
     grpc_max_connection_age: int | None = setting(
         None, "--grpc-max-connection-age", "connection lifetime (default: none)", GRPC, **MS

@@ -5,6 +5,15 @@ from __future__ import annotations
 
 import zlib
 
+# A compressed body or message larger than this is inflated off the event loop: zlib inflates
+# up to ~1000 times what it is given (1 MiB of gzip: a gigabyte of zeros, about a second).
+INFLATE_INLINE_BYTES = 4096
+
+
+def inflate_inline(size: int, encoding: bytes | None) -> bool:
+    """Whether a body of `size` bytes in `encoding` may be inflated on the event loop."""
+    return size <= INFLATE_INLINE_BYTES or not encoding or encoding.strip().lower() == b"identity"
+
 
 def inflate(data: bytes, encoding: bytes, limit: int) -> bytes | None:
     """`data` inflated from gzip or deflate (zlib) to at most `limit` + 1 bytes, so that a

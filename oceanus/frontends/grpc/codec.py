@@ -7,6 +7,7 @@ small rest goes through the protobuf parser. Responses: frontends/grpc/responses
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -47,24 +48,44 @@ def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
+# The split below walks the top-level fields in Python: a request has a few per input and
+# parameter. A message with more (or a field this walk does not expect: field number 0, a
+# group, a wire type that does not exist) is parsed whole by protobuf's C parser, which is linear
+# and refuses malformed bytes at once; a Python walk of a million two-byte fields held the
+# event loop for seconds (issue 42).
+MAX_SPLIT_FIELDS = 1024
+
+
+class _NotSplit(Exception):
+    """The message is not one the split takes: parse it whole."""
+
+
 def _split_raw_inputs(data: bytes) -> tuple[bytes, list[memoryview]]:
-    """The message without its raw_input_contents, and those contents as views into `data`."""
+    """The message without its raw_input_contents, and those contents as views into `data`.
+    Raises _NotSplit past MAX_SPLIT_FIELDS fields or on a tag it does not expect."""
     view = memoryview(data)
     kept: list[memoryview] = []
     raw: list[memoryview] = []
     pos, end = 0, len(data)
-    while pos < end:
+    kept_from = 0  # where the run of kept fields being gathered starts
+    for _ in range(MAX_SPLIT_FIELDS):
+        if pos >= end:
+            break
         start = pos
         tag, pos = _read_varint(data, pos)
         wire_type = tag & 7
+        if tag < 8:  # field number 0
+            raise _NotSplit
         if wire_type == 2:
             length, pos = _read_varint(data, pos)
             stop = pos + length
             if stop > end:
                 raise DecodeError("truncated field")
             if tag == _RAW_INPUT_TAG:
+                if kept_from < start:
+                    kept.append(view[kept_from:start])
                 raw.append(view[pos:stop])
-                pos = stop
+                pos = kept_from = stop
                 continue
             pos = stop
         elif wire_type == 0:
@@ -74,21 +95,35 @@ def _split_raw_inputs(data: bytes) -> tuple[bytes, list[memoryview]]:
         elif wire_type == 5:
             pos += 4
         else:
-            raise DecodeError(f"unexpected wire type {wire_type}")
+            raise _NotSplit
         if pos > end:
             raise DecodeError("truncated field")
-        kept.append(view[start:pos])
+    else:
+        if pos < end:
+            raise _NotSplit
+    if kept_from < end:
+        kept.append(view[kept_from:end])
     return b"".join(kept), raw
 
 
-def parse_infer_request(data: bytes) -> tuple[pb.ModelInferRequest, list[bytes] | list[memoryview]]:
-    """The parsed message and its raw input contents (views into `data` when it is large)."""
+def parse_infer_request(
+    data: bytes,
+) -> tuple[pb.ModelInferRequest, Sequence[bytes] | Sequence[memoryview]]:
+    """The parsed message and its raw input contents (views into `data` when it is large).
+
+    Costs what the bytes are worth: a message the split does not take is parsed whole in C, and
+    its raw contents are left in the message (read one by one as inputs need them, never all
+    copied out: contents past the inputs are ignored, as by Triton)."""
     try:
-        if len(data) < ZERO_COPY_THRESHOLD:
-            message = pb.ModelInferRequest.FromString(data)
-            return message, list(message.raw_input_contents)
-        rest, raw = _split_raw_inputs(data)
-        return pb.ModelInferRequest.FromString(rest), raw
+        if len(data) >= ZERO_COPY_THRESHOLD:
+            try:
+                rest, raw = _split_raw_inputs(data)
+            except _NotSplit:
+                pass
+            else:
+                return pb.ModelInferRequest.FromString(rest), raw
+        message = pb.ModelInferRequest.FromString(data)
+        return message, message.raw_input_contents
     except DecodeError as exc:
         raise invalid_arg(f"failed to parse the inference request: {exc}") from None
 
@@ -255,7 +290,7 @@ def _from_contents(
 
 def decode_infer_request(
     message: pb.ModelInferRequest,
-    raw: list[bytes] | list[memoryview],
+    raw: Sequence[bytes] | Sequence[memoryview],
     shm: SharedMemoryManager = NO_REGIONS,
 ) -> InferRequest:
     """Build a core request from a parsed ModelInferRequest and its raw input contents.
@@ -320,7 +355,7 @@ def decode_infer_request(
 
 def _skip_data(
     io: Any,
-    raw: list[bytes] | list[memoryview],
+    raw: Sequence[bytes] | Sequence[memoryview],
     index: int,
     in_shm: ShmParameters | None,
     name: str,

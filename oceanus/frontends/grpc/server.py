@@ -54,6 +54,7 @@ class GrpcOptions:
             ("grpc.http2.max_pings_without_data", limits.max_pings_without_data),
             ("grpc.http2.min_ping_interval_without_data_ms", _ms(limits.min_ping_interval_s)),
             ("grpc.http2.max_ping_strikes", limits.max_ping_strikes),
+            ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
         ]
         if limits.max_age_s is not None:
             options.append(("grpc.max_connection_age_ms", _ms(limits.max_age_s)))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from oceanus.frontends.compression import inflate
+from oceanus.frontends.compression import INFLATE_INLINE_BYTES, inflate
 
 if TYPE_CHECKING:
     from oceanus.frontends.grpc_transport.connection import Connection
@@ -47,9 +47,19 @@ class MessageError(Exception):
         self.details = details
 
 
+# A status text is cut past this many characters: texts echo what clients sent (a model name,
+# a parameter), and a client refuses trailers over its metadata limit (grpc core: 8 KiB), so
+# a longer text would cost both sides without being read. Triton's words for any name of a
+# sensible length are kept whole.
+MAX_DETAILS = 2048
+_CUT_MARK = "..."
+
+
 def status_trailers(code: grpc.StatusCode, details: str) -> list[tuple[bytes, bytes]]:
     trailers = [(b"grpc-status", str(code.value[0]).encode())]
     if details:
+        if len(details) > MAX_DETAILS:
+            details = details[: MAX_DETAILS - len(_CUT_MARK)] + _CUT_MARK
         trailers.append((b"grpc-message", percent_encode(details)))
     return trailers
 
@@ -62,12 +72,18 @@ def percent_encode(text: str) -> bytes:
 
 
 def parse_timeout(value: bytes) -> float | None:
-    """grpc-timeout ("100m", "5S", ...) in seconds; None when malformed."""
+    """grpc-timeout ("100m", "5S", ...) in seconds; None when malformed. As grpc core reads
+    it: whitespace around it ignored, up to 9 digits (the spec says 8; grpc core takes 9)."""
+    value = value.strip()
     unit = _TIMEOUT_UNITS.get(value[-1:])
     digits = value[:-1]
-    if unit is None or not digits.isdigit() or len(digits) > 8:
+    if unit is None or not digits.isdigit() or len(digits) > 9:
         return None
     return int(digits) * unit
+
+
+# grpc core's words for a grpc-timeout it cannot read (INTERNAL, before any handler runs).
+BAD_TIMEOUT = "Error parsing 'grpc-timeout' metadata"
 
 
 def metadata_of(headers: list[tuple[bytes, bytes]]) -> tuple[tuple[str, str | bytes], ...]:
@@ -104,17 +120,43 @@ def decompress(data: bytes, encoding: bytes, limit: int) -> bytes:
     return message
 
 
+# Compressed messages up to INFLATE_INLINE_BYTES are inflated as they arrive; larger ones on
+# a thread, by the call's task, so one small request never holds the loop for the second a
+# gigabyte of zeros takes to inflate.
+
+
+class Compressed:
+    """A message still compressed, inflated by `inflate_message` where waiting is allowed."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+async def inflate_message(message: Compressed, encoding: bytes, limit: int) -> bytes:
+    return await asyncio.to_thread(decompress, message.data, encoding, limit)
+
+
 class MessageReader:
     """Cuts the call's DATA into gRPC messages (1-byte flag, 4-byte big-endian length)."""
 
     __slots__ = ("_buffer", "_encoding", "_limit")
+
+    @property
+    def encoding(self) -> bytes:
+        return self._encoding
+
+    @property
+    def limit(self) -> int:
+        return self._limit
 
     def __init__(self, encoding: bytes, limit: int) -> None:
         self._buffer = bytearray()
         self._encoding = encoding
         self._limit = limit
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def feed(self, data: bytes) -> list[bytes | Compressed]:
         buffer = self._buffer
         if not buffer and len(data) >= 5:
             # The common case: one whole message in one DATA frame, no copy.
@@ -122,7 +164,7 @@ class MessageReader:
             if len(data) == 5 + length and data[0] == 0 and length <= self._limit:
                 return [data[5:]]
         buffer += data
-        messages = []
+        messages: list[bytes | Compressed] = []
         while len(buffer) >= 5:
             length = int.from_bytes(buffer[1:5], "big")
             if length > self._limit:
@@ -136,6 +178,9 @@ class MessageReader:
             message = bytes(buffer[5 : 5 + length])
             del buffer[: 5 + length]
             if flag & 1:
+                if len(message) > INFLATE_INLINE_BYTES:
+                    messages.append(Compressed(message))
+                    continue
                 message = decompress(message, self._encoding, self._limit)
             messages.append(message)
         return messages
@@ -148,15 +193,18 @@ class MessageReader:
 class RequestStream:
     """The request messages of a streaming call, as the async iterator handlers read."""
 
-    __slots__ = ("_deserialize", "_ended", "_messages", "_waiter")
+    __slots__ = ("_deserialize", "_ended", "_messages", "_reader", "_waiter")
 
-    def __init__(self, deserialize: Callable[[bytes], Any] | None) -> None:
-        self._messages: deque[bytes] = deque()
+    def __init__(
+        self, deserialize: Callable[[bytes], Any] | None, reader: MessageReader | None = None
+    ) -> None:
+        self._messages: deque[bytes | Compressed] = deque()
+        self._reader = reader
         self._ended = False
         self._waiter: asyncio.Future[None] | None = None
         self._deserialize = deserialize
 
-    def push(self, message: bytes) -> None:
+    def push(self, message: bytes | Compressed) -> None:
         self._messages.append(message)
         self._wake()
 
@@ -182,6 +230,10 @@ class RequestStream:
             finally:
                 self._waiter = None
         message = self._messages.popleft()
+        if isinstance(message, Compressed):
+            reader = self._reader
+            assert reader is not None
+            message = await inflate_message(message, reader.encoding, reader.limit)
         return message if self._deserialize is None else self._deserialize(message)
 
 
@@ -224,7 +276,7 @@ class Call:
         self.metadata: tuple[tuple[str, str | bytes], ...] | None = None
         self.reader = reader
         self.requests: RequestStream | None = None
-        self.messages: list[bytes] = []  # a unary call's request
+        self.messages: list[bytes | Compressed] = []  # a unary call's request
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.deadline_hit = False

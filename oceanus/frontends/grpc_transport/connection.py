@@ -13,13 +13,16 @@ import grpc
 
 from oceanus.frontends.grpc_transport import framing
 from oceanus.frontends.grpc_transport.call import (
+    BAD_TIMEOUT,
     OK_TRAILERS,
     RESPONSE_HEADERS,
     Call,
+    Compressed,
     MessageError,
     MessageReader,
     RequestStream,
     RpcAbort,
+    inflate_message,
     parse_timeout,
     status_trailers,
 )
@@ -42,8 +45,15 @@ class Connection(asyncio.Protocol):
         self._limits = server.limits
         self._handlers = server.handlers
         self._loop = asyncio.get_running_loop()
-        self._h2 = framing.Http2(self)
+        self._h2 = framing.Http2(self, self._limits.max_concurrent_streams)
         self._calls: dict[int, Call] = {}
+        # Calls with bytes queued that wait for the peer's window: all a connection-level
+        # WINDOW_UPDATE has to look at (a flood of them walked every call).
+        self._blocked: dict[int, Call] = {}
+        # Why we stopped reading: the peer reads none of our answers ("write"), or frames
+        # wait past a turn's budget ("turn"). Read again when neither holds.
+        self._not_reading: set[str] = set()
+        self._turn_scheduled = False
         self._transport: asyncio.Transport | None = None
         self._flush_scheduled = False
         self._going_away = False
@@ -96,13 +106,44 @@ class Connection(asyncio.Protocol):
             self._close()
             return
         self._flush()
+        if self._h2.pending:
+            # Past this turn's frame budget: the rest waits for the next turn, after the
+            # other connections have had theirs, and nothing more is read meanwhile.
+            self._stop_reading("turn")
+            if not self._turn_scheduled:
+                self._turn_scheduled = True
+                self._loop.call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        self._turn_scheduled = False
+        if self._transport is None:
+            return
+        self.data_received(b"")
+        if not self._h2.pending:
+            self._read_again("turn")
+
+    def _stop_reading(self, why: str) -> None:
+        if not self._not_reading and self._transport is not None:
+            self._transport.pause_reading()
+        self._not_reading.add(why)
+
+    def _read_again(self, why: str) -> None:
+        if why not in self._not_reading:
+            return
+        self._not_reading.discard(why)
+        if not self._not_reading and self._transport is not None:
+            self._transport.resume_reading()
 
     def pause_writing(self) -> None:
+        # The peer reads nothing of what we send: read nothing of what it sends (a flood of
+        # SETTINGS or PINGs would otherwise fill our buffer with the ACKs it never reads).
         self._server.paused.add(self)
+        self._stop_reading("write")
 
     def resume_writing(self) -> None:
         self._server.paused.discard(self)
-        for call in self._calls.values():
+        self._read_again("write")
+        for call in list(self._calls.values()):
             self._pump(call)
 
     # ---- requests -----------------------------------------------------------------------
@@ -112,18 +153,29 @@ class Connection(asyncio.Protocol):
     def on_request(self, stream_id: int, headers: list[tuple[bytes, bytes]]) -> None:
         path = b""
         encoding = b"identity"
-        timeout = None
+        timeout_value = None
         for key, value in headers:
             if key == b":path":
                 path = value
             elif key == b"grpc-timeout":
-                timeout = parse_timeout(value)
+                timeout_value = value
             elif key == b"grpc-encoding":
                 encoding = value
         handler = self._handlers.get(path)
         if self._going_away:
             self._h2.reset(stream_id, framing.REFUSED_STREAM)
             return
+        timeout = None
+        if timeout_value is not None:
+            timeout = parse_timeout(timeout_value)
+            if timeout is None:  # grpc core: INTERNAL in its words, no handler runs
+                self._trailers_only(stream_id, grpc.StatusCode.INTERNAL, BAD_TIMEOUT)
+                return
+            if timeout <= 0:  # spent before it came: answered at once, as by grpc core
+                self._trailers_only(
+                    stream_id, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"
+                )
+                return
         if handler is None:
             self._trailers_only(stream_id, grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
             return
@@ -132,7 +184,7 @@ class Connection(asyncio.Protocol):
         self._calls[stream_id] = call
         self._pings_without_data = 0
         if handler.stream_stream is not None:
-            call.requests = RequestStream(handler.request_deserializer)
+            call.requests = RequestStream(handler.request_deserializer, reader)
             call.task = self._loop.create_task(self._run(call))
         elif handler.unary_unary is None:
             del self._calls[stream_id]
@@ -187,7 +239,7 @@ class Connection(asyncio.Protocol):
 
     # ---- running handlers ---------------------------------------------------------------
 
-    async def _run(self, call: Call, data: bytes | None = None) -> None:
+    async def _run(self, call: Call, data: bytes | Compressed | None = None) -> None:
         """The call's handler: a unary one with its request `data`, a streaming one (data
         None) reading `call.requests`; its outcome becomes the call's status."""
         handler = call.handler
@@ -195,6 +247,8 @@ class Connection(asyncio.Protocol):
             if call.requests is not None:
                 await handler.stream_stream(call.requests, call)
             else:
+                if isinstance(data, Compressed):
+                    data = await inflate_message(data, call.reader.encoding, call.reader.limit)
                 deserialize = handler.request_deserializer
                 request = data if deserialize is None else deserialize(data)
                 response = await handler.unary_unary(request, call)
@@ -203,7 +257,7 @@ class Connection(asyncio.Protocol):
         except asyncio.CancelledError:
             self._cancelled(call)
             return
-        except RpcAbort as abort:
+        except (RpcAbort, MessageError) as abort:
             self._end_call(call, abort.code, abort.details)
             return
         except Exception as exc:
@@ -223,8 +277,12 @@ class Connection(asyncio.Protocol):
 
     def _deadline(self, call: Call) -> None:
         call.deadline_hit = True
-        if call.task is not None and not call.task.done():
-            call.task.cancel()
+        task = call.task
+        if task is not None and not task.done():
+            task.cancel()
+            # A task cancelled before its first step never runs its body (nor _cancelled):
+            # a deadline of a few ns would leave the call unanswered.
+            task.add_done_callback(lambda _: self._cancelled(call))
         else:  # a unary call still receiving its request
             self._end_call(call, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
@@ -232,6 +290,7 @@ class Connection(asyncio.Protocol):
         """The client reset the call or left: its handler is cancelled, nothing is sent."""
         call.trailers = []
         call.outgoing.clear()
+        self._blocked.pop(call.stream_id, None)
         if call.task is not None and not call.task.done():
             call.task.cancel()
         if call.writable is not None and not call.writable.done():
@@ -288,9 +347,8 @@ class Connection(asyncio.Protocol):
             if call is not None:
                 self._pump(call)
             return
-        for call in list(self._calls.values()):
-            if call.outgoing:
-                self._pump(call)
+        for call in list(self._blocked.values()):
+            self._pump(call)
 
     def _pump(self, call: Call) -> None:
         """Send what the peer's windows allow of the call's queued bytes, then its trailers."""
@@ -298,6 +356,7 @@ class Connection(asyncio.Protocol):
         stream_id = call.stream_id
         outgoing = call.outgoing
         if stream_id not in h2c.streams:  # reset by a stream error, or ended
+            self._blocked.pop(stream_id, None)
             if self._calls.pop(stream_id, None) is not None:
                 self._abandon(call)
         else:
@@ -321,6 +380,10 @@ class Connection(asyncio.Protocol):
                     if call.offset == len(first):
                         outgoing.popleft()
                         call.offset = 0
+            if outgoing:
+                self._blocked[stream_id] = call
+            elif self._blocked:
+                self._blocked.pop(stream_id, None)
             if not outgoing and call.trailers:
                 h2c.end_stream(stream_id, call.trailers)
                 call.trailers = []

@@ -12,9 +12,13 @@ closes. A stream error resets that stream (RST_STREAM) and tells the connection 
 from __future__ import annotations
 
 import struct
+import time
+from collections.abc import Callable
 from typing import Protocol, cast
 
 import hpack
+
+from oceanus.frontends.grpc_transport.call import percent_encode
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 # Frame types
@@ -45,17 +49,42 @@ MAX_CONTINUATIONS = 64
 # ignored (RFC 9113 5.1, "closed"); the oldest are forgotten past this many.
 _RESET_MEMORY = 1024
 
+# Header values longer than this are not Huffman-coded (see Http2._encode).
+HUFFMAN_MAX = 256
+
 _HEAD = struct.Struct(">HBBBL")  # 24-bit length as 16 + 8 bits, type, flags, stream id
 _SETTING = struct.Struct(">HL")
-_OUR_SETTINGS = b"".join(
-    _SETTING.pack(key, value)
-    for key, value in (
-        (MAX_CONCURRENT_STREAMS, MAX_WINDOW),
-        (INITIAL_WINDOW_SIZE, WINDOW),
-        (MAX_FRAME_SIZE, MAX_FRAME),
-        (MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST),
+
+# ---- defences against a peer that floods (issue 42) -------------------------------------
+# Streams a client may have open at once (announced, and enforced with REFUSED_STREAM); the
+# server's --grpc-max-concurrent-streams. grpc core announces none; clients queue calls past
+# the announced number, so a finite one costs a well-behaved client nothing.
+MAX_STREAMS = 1000
+# Frames parsed per `receive` call: the rest waits for the next loop turn, so one connection's
+# flood never holds the loop for more than this many frames at a time.
+FRAMES_PER_TURN = 1000
+# Frames that do no work for a call (SETTINGS, PING, PRIORITY, WINDOW_UPDATE, RST_STREAM,
+# empty DATA and CONTINUATION, unknown types, streams refused) are counted per window of
+# FLOOD_WINDOW_S; past FLOOD_FRAMES (or 4 per frame that does work, when more) the peer gets
+# GOAWAY ENHANCE_YOUR_CALM. The answer to CVE-2019-9512/9514/9515/9518 (ping, reset, settings,
+# empty-frame floods), CVE-2019-9513 (priority churn), CVE-2023-44487 (rapid reset: each
+# reset of an open stream counts) and CVE-2024-27316 (CONTINUATION, also bounded per block).
+FLOOD_WINDOW_S = 1.0
+FLOOD_FRAMES = 10_000
+# Streams a client resets before their answer, per window (rapid reset): nghttp2's burst.
+RESETS_PER_WINDOW = 1000
+
+
+def _our_settings(max_streams: int) -> bytes:
+    return b"".join(
+        _SETTING.pack(key, value)
+        for key, value in (
+            (MAX_CONCURRENT_STREAMS, max_streams),
+            (INITIAL_WINDOW_SIZE, WINDOW),
+            (MAX_FRAME_SIZE, MAX_FRAME),
+            (MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST),
+        )
     )
-)
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
@@ -99,8 +128,19 @@ class Stream:
 class Http2:
     """One server connection's HTTP/2 state: `receive` bytes in, `data_to_send` bytes out."""
 
-    def __init__(self, events: Events) -> None:
+    def __init__(
+        self,
+        events: Events,
+        max_streams: int = MAX_STREAMS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._events = events
+        self.max_streams = max_streams
+        self._clock = clock
+        self._window_start = clock()
+        self._idle_frames = 0  # frames that did no work in this window
+        self._useful_frames = 0  # requests and DATA with bytes in this window
+        self._resets = 0  # open streams the client reset in this window
         self.streams: dict[int, Stream] = {}
         self.last_stream_id = 0  # the highest client stream id seen
         self._reset: dict[int, None] = {}  # streams we reset, oldest first
@@ -123,6 +163,7 @@ class Http2:
         # The last header block decoded, when decoding it left the HPACK table as it was: a
         # client sending the same fully indexed headers every call is answered from here.
         self._decoded: tuple[bytes, list[tuple[bytes, bytes]]] | None = None
+        self._checked: list[tuple[bytes, bytes]] | None = None  # the last list found well formed
         # Our constant header lists encoded, while the encoder's table has not changed.
         self._encoded: dict[int, tuple[list[tuple[bytes, bytes]], bytes]] = {}
 
@@ -130,7 +171,7 @@ class Http2:
 
     def initiate(self) -> None:
         """Our SETTINGS and the connection window's growth, the server's preface."""
-        self._out.append(frame(SETTINGS, 0, 0, _OUR_SETTINGS))
+        self._out.append(frame(SETTINGS, 0, 0, _our_settings(self.max_streams)))
         self._out.append(frame(WINDOW_UPDATE, 0, 0, (WINDOW - DEFAULT_WINDOW).to_bytes(4, "big")))
 
     def data_to_send(self) -> bytes:
@@ -206,7 +247,11 @@ class Http2:
         table = encoder.header_table
         before = _table_state(table)
         resized = bool(encoder.table_size_changes)  # this block carries a size update
-        block = encoder.encode(headers)
+        # hpack's Huffman coder builds one integer of the whole string: quadratic in its length
+        # (a 300 KB value took 22 s). Long values are sent as they are, which costs at most
+        # a quarter more bytes and is linear.
+        huffman = all(len(value) <= HUFFMAN_MAX for _, value in headers)
+        block = encoder.encode(headers, huffman=huffman)
         if resized or _table_state(table) != before:
             self._encoded.clear()
         else:
@@ -219,8 +264,15 @@ class Http2:
 
     # ---- in -----------------------------------------------------------------------------
 
-    def receive(self, data: bytes) -> None:
-        """Parse what arrived; events fire as frames complete. Raises ConnectionError_."""
+    @property
+    def pending(self) -> bool:
+        """Whether whole frames wait in the buffer (past a turn's budget): call `receive(b"")`
+        on a later turn, and read no more from the peer meanwhile."""
+        return len(self._buffer) >= self._need
+
+    def receive(self, data: bytes, budget: int = FRAMES_PER_TURN) -> None:
+        """Parse what arrived, at most `budget` frames; events fire as frames complete.
+        Raises ConnectionError_."""
         buffer = self._buffer
         if buffer:
             buffer += data
@@ -241,8 +293,13 @@ class Http2:
         end = len(data)
         unpack = _HEAD.unpack_from
         while end - pos >= 9:
+            if budget <= 0:
+                self._need = 9
+                break
             high, low, kind, flags, stream_id = unpack(data, pos)
             length = high << 8 | low
+            # a frame is a unit; a header block costs one more per 16 bytes (HPACK decoding)
+            budget -= 1 + (length >> 4 if kind in (HEADERS, CONTINUATION) else 0)
             if length > MAX_FRAME:
                 raise ConnectionError_(FRAME_SIZE_ERROR, f"frame of {length} bytes")
             if end - pos - 9 < length:
@@ -268,8 +325,15 @@ class Http2:
                 raise ConnectionError_(PROTOCOL_ERROR, "the preface's SETTINGS missing")
             self._settings_seen = True
         if kind == DATA:
+            if payload and (len(payload) > 1 or not flags & PADDED):
+                self._useful_frames += 1
+            elif not flags & END_STREAM:
+                self._idle()
             self._on_data(flags, stream_id, payload)
-        elif kind == HEADERS:
+            return
+        if kind != HEADERS:
+            self._idle()
+        if kind == HEADERS:
             self._on_headers(flags, stream_id, payload)
         elif kind == CONTINUATION:
             self._on_continuation(flags, stream_id, payload)
@@ -293,6 +357,9 @@ class Http2:
             if len(payload) != 4:
                 raise ConnectionError_(FRAME_SIZE_ERROR, "RST_STREAM not of 4 bytes")
             if self.streams.pop(stream_id, None) is not None:
+                self._resets += 1
+                if self._resets > RESETS_PER_WINDOW and not self._new_window():
+                    raise ConnectionError_(ENHANCE_YOUR_CALM, "too many streams reset")
                 self._events.on_reset(stream_id)
         elif kind == PRIORITY:
             if not stream_id:
@@ -306,6 +373,39 @@ class Http2:
         elif kind == PUSH_PROMISE:
             raise ConnectionError_(PROTOCOL_ERROR, "PUSH_PROMISE from a client")
         # other types are extensions: ignored (RFC 9113 4.1)
+
+    def _refuse(self, stream_id: int, text: str) -> None:
+        """A malformed request (RFC 9113 8.1.1): gRPC's INTERNAL with `text` for the client
+        to read, as grpc core answers, then RST_STREAM PROTOCOL_ERROR, as RFC 9113 asks.
+        Counted as a frame that does no work: a flood of them is told to calm down."""
+        self._idle()
+        block = self._encode(
+            [
+                (b":status", b"200"),
+                (b"content-type", b"application/grpc"),
+                (b"grpc-status", b"13"),
+                (b"grpc-message", percent_encode(text)),
+            ]
+        )
+        self._send_block(stream_id, block, END_STREAM)
+        self._send_reset(stream_id, PROTOCOL_ERROR)
+
+    def _idle(self) -> None:
+        """A frame that did no work: past the window's allowance, the peer is told to calm down."""
+        self._idle_frames += 1
+        if self._idle_frames <= FLOOD_FRAMES or self._idle_frames <= 4 * self._useful_frames:
+            return
+        if not self._new_window():
+            raise ConnectionError_(ENHANCE_YOUR_CALM, "too many frames that do no work")
+
+    def _new_window(self) -> bool:
+        """Starts a new counting window if the current one has passed."""
+        now = self._clock()
+        if now - self._window_start < FLOOD_WINDOW_S:
+            return False
+        self._window_start = now
+        self._idle_frames = self._useful_frames = self._resets = 0
+        return True
 
     def _stream_error(self, stream_id: int, code: int) -> None:
         """RFC 9113 5.4.2: reset the stream; its call is gone as if the client reset it."""
@@ -412,6 +512,16 @@ class Http2:
                     return  # trailers of a stream we reset
                 raise ConnectionError_(PROTOCOL_ERROR, f"stream id {stream_id} reused")
             self.last_stream_id = stream_id
+            if len(self.streams) >= self.max_streams:
+                self._idle()
+                self._send_reset(stream_id, REFUSED_STREAM)
+                return
+            if headers is not self._checked:
+                malformed = check_request(headers)
+                if malformed is not None:
+                    self._refuse(stream_id, malformed)
+                    return
+                self._checked = headers
             stream = self.streams[stream_id] = Stream(self._initial_window)
             if flags & END_STREAM:
                 stream.remote_open = False
@@ -419,8 +529,9 @@ class Http2:
         elif not stream.remote_open:
             self._stream_error(stream_id, STREAM_CLOSED)
             return
-        elif not flags & END_STREAM:
-            self._stream_error(stream_id, PROTOCOL_ERROR)  # trailers must end the stream
+        elif not flags & END_STREAM or any(key[:1] == b":" for key, _ in headers):
+            # trailers must end the stream, and carry no pseudo-header (RFC 9113 8.1)
+            self._stream_error(stream_id, PROTOCOL_ERROR)
             return
         else:
             stream.remote_open = False
@@ -462,6 +573,7 @@ class Http2:
             return
         if len(payload) % 6:
             raise ConnectionError_(FRAME_SIZE_ERROR, "SETTINGS not a multiple of 6 bytes")
+        grew = False
         for offset in range(0, len(payload), 6):
             key, value = _SETTING.unpack_from(payload, offset)
             if key == INITIAL_WINDOW_SIZE:
@@ -469,7 +581,8 @@ class Http2:
                     raise ConnectionError_(FLOW_CONTROL_ERROR, "INITIAL_WINDOW_SIZE past 2^31-1")
                 delta = value - self._initial_window
                 self._initial_window = value
-                for stream in self.streams.values():
+                grew = grew or delta > 0
+                for stream in self.streams.values() if delta else ():
                     stream.send_window += delta
                     if stream.send_window > MAX_WINDOW:
                         raise ConnectionError_(FLOW_CONTROL_ERROR, "a stream window past 2^31-1")
@@ -483,7 +596,50 @@ class Http2:
             elif key == ENABLE_PUSH and value > 1:
                 raise ConnectionError_(PROTOCOL_ERROR, f"ENABLE_PUSH {value}")
         self._out.append(frame(SETTINGS, ACK, 0))
-        self._events.on_window(0)
+        if grew:
+            self._events.on_window(0)
+
+
+_PSEUDO = frozenset((b":method", b":scheme", b":path", b":authority"))
+_REQUIRED = (b":method", b":scheme", b":path")
+# RFC 9113 8.2.2: connection-specific fields are malformed in HTTP/2 (te: only "trailers").
+_CONNECTION_SPECIFIC = frozenset(
+    (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade")
+)
+
+
+def _shown(key: bytes) -> str:
+    return key[:100].decode("latin-1")
+
+
+def check_request(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """Why a request's header list is malformed (RFC 9113 8.2, 8.3), in grpc core's words
+    where it has them; None when it is well formed."""
+    seen: set[bytes] = set()
+    regular = False
+    for key, value in headers:
+        if key[:1] == b":":
+            if key not in _PSEUDO:
+                return f"Illegal header key: {_shown(key)}"
+            if regular:
+                return f"Pseudo-header '{_shown(key)}' after regular headers"
+            if key in seen:
+                return f"Duplicate '{_shown(key)}' header received"
+            seen.add(key)
+            if key == b":path" and not value:
+                return "Empty ':path' header"
+            continue
+        regular = True
+        if key != key.lower() or not key:
+            return f"Illegal header key: {_shown(key)}"
+        if key in _CONNECTION_SPECIFIC:
+            return f"Connection-specific header '{_shown(key)}'"
+        if key == b"te" and value != b"trailers":
+            return "Error parsing 'te' metadata"
+    for key in _REQUIRED:
+        if key not in seen:
+            return f"Missing '{key.decode()}' header"
+    return None
 
 
 def _table_state(table: hpack.table.HeaderTable) -> tuple[int, object, int]:

@@ -15,6 +15,7 @@ from oceanus.core.errors import InferenceServerError, internal, invalid_arg, uns
 from oceanus.core.observability.tracing import Trace, TraceSettingError
 from oceanus.core.server import DECOUPLED_UNSUPPORTED, ServerCore
 from oceanus.core.types import InferRequest, InferResponse, is_number
+from oceanus.frontends.compression import inflate_inline
 from oceanus.frontends.decoding import DECODE_ON_THREAD_BYTES
 from oceanus.frontends.header_forward import HeaderForward
 from oceanus.frontends.http import codec, generate, shared_memory
@@ -202,7 +203,10 @@ class HttpFrontend:
         return request_body(request, self.max_input_size)
 
     def _infer(self, request: HttpRequest, name: str, version: str) -> Outcome:
-        if len(request.body) > DECODE_ON_THREAD_BYTES:
+        body = request.body
+        if len(body) > DECODE_ON_THREAD_BYTES or not inflate_inline(
+            len(body), request.headers.get(b"content-encoding")
+        ):
             later = self._infer_later(request, name, version)
             return Pending(asyncio.ensure_future(later), _task_result)
         try:

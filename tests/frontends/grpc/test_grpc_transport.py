@@ -15,6 +15,7 @@ import h2.config
 import h2.connection
 import h2.errors
 import h2.events
+import h2.settings
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -195,6 +196,30 @@ def test_the_server_ends_a_call_at_its_grpc_timeout(server: Any) -> None:
         peer.close()
 
 
+def test_spent_and_malformed_deadlines_are_answered(server: Any) -> None:
+    """A grpc-timeout spent on arrival is DEADLINE_EXCEEDED at once; one of a few ns may
+    serve or expire, but is answered (its task was cancelled before it ran: no answer before
+    issue 42); a malformed one is grpc core's INTERNAL, in its words."""
+    peer = RawPeer(server.grpc_port)
+    try:
+        for value in ("0n", "0S", "0H"):
+            trailers = _trailers(_call(peer, "ServerLive", b"", [("grpc-timeout", value)]))
+            assert trailers[b"grpc-status"] == b"4", value
+            assert trailers[b"grpc-message"] == b"Deadline Exceeded"
+        for _ in range(50):
+            for value in ("1n", "1u", "10u"):
+                trailers = _trailers(_call(peer, "ServerLive", b"", [("grpc-timeout", value)]))
+                assert trailers[b"grpc-status"] in (b"0", b"4"), value
+        for value in ("12x", "m", "-1S", "1.5S", "1234567890S"):
+            trailers = _trailers(_call(peer, "ServerLive", b"", [("grpc-timeout", value)]))
+            assert trailers[b"grpc-status"] == b"13", value
+            assert trailers[b"grpc-message"] == b"Error parsing 'grpc-timeout' metadata"
+        trailers = _trailers(_call(peer, "ServerLive", b"", [("grpc-timeout", " 5S ")]))
+        assert trailers[b"grpc-status"] == b"0"
+    finally:
+        peer.close()
+
+
 @pytest.fixture(scope="module")
 def strict_server(launch_module: Any) -> Any:
     return launch_module(
@@ -207,6 +232,7 @@ def strict_server(launch_module: Any) -> Any:
             "--grpc-keepalive-permit-without-calls=true",
             "--grpc-max-connection-age=1500",
             "--grpc-max-connection-age-grace=500",
+            "--grpc-max-concurrent-streams=2",
         ],
     )
 
@@ -216,6 +242,38 @@ def peer(strict_server: Any) -> Iterator[RawPeer]:
     client = RawPeer(strict_server.grpc_port)
     yield client
     client.close()
+
+
+def test_max_concurrent_streams_is_announced_and_past_it_streams_are_refused(
+    peer: RawPeer,
+) -> None:
+    """--grpc-max-concurrent-streams: announced in our SETTINGS; a client that opens more
+    anyway gets REFUSED_STREAM for the extra one (h2spec 5.1.2), the others are served."""
+    events = peer.events_until(h2.events.RemoteSettingsChanged, 5)
+    changed = next(e for e in events if isinstance(e, h2.events.RemoteSettingsChanged))
+    assert changed.changed_settings[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS].new_value == 2
+    peer.h2.remote_settings.max_concurrent_streams = 2**31 - 1  # h2 would hold the third back
+    peer.h2.remote_settings.acknowledge()
+    streams = []
+    for _ in range(3):
+        stream = peer.h2.get_next_available_stream_id()
+        peer.h2.send_headers(
+            stream,
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", "/inference.GRPCInferenceService/ModelStreamInfer"),
+                (":authority", "localhost"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+            ],
+        )
+        streams.append(stream)
+    peer.flush()
+    events = peer.events_until(h2.events.StreamReset, 5)
+    reset = events[-1]
+    assert isinstance(reset, h2.events.StreamReset), events
+    assert (reset.stream_id, reset.error_code) == (streams[2], h2.errors.ErrorCodes.REFUSED_STREAM)
 
 
 def test_pings_too_often_get_goaway_enhance_your_calm(peer: RawPeer) -> None:
@@ -376,6 +434,9 @@ def test_timeouts_status_text_and_metadata() -> None:
     assert parse_timeout(b"2H") == 7200.0
     assert parse_timeout(b"12x") is None
     assert parse_timeout(b"m") is None
+    assert parse_timeout(b"123456789S") == 123456789.0  # grpc core takes 9 digits
+    assert parse_timeout(b"1234567890S") is None
+    assert parse_timeout(b"-1S") is None
     assert percent_encode("plain text") == b"plain text"
     assert percent_encode("50% \u00b2\n") == b"50%25 %C2%B2%0A"
     headers = [

@@ -373,3 +373,24 @@ def _post(
     data = response.read()
     connection.close()
     return response.status, {k.lower(): v for k, v in response.getheaders()}, orjson.loads(data)
+
+
+@pytest.mark.parametrize(
+    ("body", "headers"),
+    [
+        (gzip.compress(b"\0" * (8 << 20)), {"Content-Encoding": "gzip"}),
+        (b"\0" * (2 << 20), {}),
+        (b"\0" * (2 << 20), {"Inference-Header-Content-Length": str(2 << 20)}),
+    ],
+    ids=["8 MiB of gzip zeros", "2 MiB of zeros", "2 MiB of zeros as a binary header"],
+)
+def test_the_grpc_hostile_payloads_cost_little_over_http(
+    server: Any, body: bytes, headers: dict[str, str]
+) -> None:
+    """Issue 42's gRPC payloads, over HTTP: refused quickly (a compressed body over 4 KiB is
+    inflated off the event loop), and the server serves on."""
+    started = time.monotonic()
+    answer = raw(server.http_port, post("/v2/models/simple/infer", body, headers))
+    assert time.monotonic() - started < 2
+    assert status_of(answer) == 400
+    assert status_of(raw(server.http_port, post("/v2/models/simple/infer", _simple()))) == 200
