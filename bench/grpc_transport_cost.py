@@ -31,6 +31,8 @@ import benchlib
 
 from oceanus.frontends.grpc_transport import framing
 from oceanus.frontends.grpc_transport.call import OK_TRAILERS, RESPONSE_HEADERS
+from oceanus.frontends.grpc_transport.events import Events
+from oceanus.frontends.grpc_transport.headers import HeaderCodec
 
 REQUEST_HEADERS = [
     (":method", "POST"),
@@ -49,13 +51,19 @@ def _frame(kind: int, flags: int, stream_id: int, payload: bytes) -> bytes:
     return len(payload).to_bytes(3, "big") + struct.pack(">BBL", kind, flags, stream_id) + payload
 
 
+class _ForgetfulCodec(HeaderCodec):
+    def decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        self._decoded = None
+        return super().decode(block)
+
+
 class _EveryBlockDecoded(framing.Http2):
     """Without the memory of the last stateless header block: what a client whose headers
     change every call (a grpc-timeout counting down, a request id) costs."""
 
-    def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
-        self._decoded = None
-        return super()._decode(block)
+    def __init__(self, events: Events) -> None:
+        super().__init__(events)
+        self._codec = _ForgetfulCodec()
 
 
 class _Answering:

@@ -4,6 +4,11 @@ Service-agnostic: it serves whatever `grpc.RpcMethodHandler`s it is given, by pa
 would, and imports nothing of the gRPC service (frontends/grpc/; an import-linter contract in
 pyproject.toml holds this). Its rooms, each named for its job:
 - `framing`: HTTP/2 frames for a gRPC server (RFC 9113), HPACK left to the `hpack` library;
+- `events`: what the framing tells the connection (`Events`, which the connection implements);
+- `defences`: per-connection flood budgets (frames that do no work, rapid resets, frames per
+  loop turn, concurrent streams, header list and block limits);
+- `headers`: HPACK both ways with memories of repeated blocks, and whether a request's header
+  list is well formed (RFC 9113 8.2, 8.3);
 - `connection`: one client connection, its calls, flow control, keepalive and ping policy,
   connection age and going away;
 - `call`: one call, the servicer context its handler sees, and gRPC's wire details (message

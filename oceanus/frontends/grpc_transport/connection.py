@@ -148,7 +148,7 @@ class Connection(asyncio.Protocol):
 
     # ---- requests -----------------------------------------------------------------------
 
-    # ---- framing.Events ---------------------------------------------------------------------
+    # ---- events.Events ----------------------------------------------------------------------
 
     def on_request(self, stream_id: int, headers: list[tuple[bytes, bytes]]) -> None:
         path = b""

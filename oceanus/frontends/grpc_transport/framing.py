@@ -1,8 +1,8 @@
 """HTTP/2 framing for a gRPC server (RFC 9113), header compression left to `hpack`.
 
 Only what a gRPC server needs: client streams, no push, no priorities (parsed and ignored),
-flow control both ways. Events go straight to the connection's methods (`Events`) instead of
-event objects: the general `h2` state machine was most of a gRPC request's cost beside the
+flow control both ways. Events go straight to the connection's methods (events.py) instead
+of event objects: the general `h2` state machine was most of a gRPC request's cost beside the
 servicer's (bench/grpc_transport_cost.py measures both).
 
 Errors: a connection error raises `ConnectionError_`; the caller sends `goaway(code)` and
@@ -14,11 +14,13 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Callable
-from typing import Protocol, cast
 
 import hpack
 
-from oceanus.frontends.grpc_transport.call import percent_encode
+from oceanus.frontends.grpc_transport import defences
+from oceanus.frontends.grpc_transport.defences import MAX_HEADER_BLOCK, FloodBudget
+from oceanus.frontends.grpc_transport.events import Events
+from oceanus.frontends.grpc_transport.headers import HeaderCodec, refusal
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 # Frame types
@@ -40,39 +42,12 @@ DEFAULT_WINDOW = 65535
 # WINDOW_UPDATE round trip; the call's message limit bounds what a call may buffer.
 WINDOW = 16 << 20
 MAX_FRAME = 1 << 20  # what we accept (announced); frames we send follow the peer's setting
-MAX_HEADER_LIST = 64 << 10
-# A header block is refused past this many bytes or CONTINUATION frames (RFC 9113 10.5: a
-# CONTINUATION flood costs the receiver without ever ending).
-MAX_HEADER_BLOCK = MAX_HEADER_LIST + 1024
-MAX_CONTINUATIONS = 64
 # Streams we reset while the client may still be sending on them: frames arriving there are
 # ignored (RFC 9113 5.1, "closed"); the oldest are forgotten past this many.
 _RESET_MEMORY = 1024
 
-# Header values longer than this are not Huffman-coded (see Http2._encode).
-HUFFMAN_MAX = 256
-
 _HEAD = struct.Struct(">HBBBL")  # 24-bit length as 16 + 8 bits, type, flags, stream id
 _SETTING = struct.Struct(">HL")
-
-# ---- defences against a peer that floods (issue 42) -------------------------------------
-# Streams a client may have open at once (announced, and enforced with REFUSED_STREAM); the
-# server's --grpc-max-concurrent-streams. grpc core announces none; clients queue calls past
-# the announced number, so a finite one costs a well-behaved client nothing.
-MAX_STREAMS = 1000
-# Frames parsed per `receive` call: the rest waits for the next loop turn, so one connection's
-# flood never holds the loop for more than this many frames at a time.
-FRAMES_PER_TURN = 1000
-# Frames that do no work for a call (SETTINGS, PING, PRIORITY, WINDOW_UPDATE, RST_STREAM,
-# empty DATA and CONTINUATION, unknown types, streams refused) are counted per window of
-# FLOOD_WINDOW_S; past FLOOD_FRAMES (or 4 per frame that does work, when more) the peer gets
-# GOAWAY ENHANCE_YOUR_CALM. The answer to CVE-2019-9512/9514/9515/9518 (ping, reset, settings,
-# empty-frame floods), CVE-2019-9513 (priority churn), CVE-2023-44487 (rapid reset: each
-# reset of an open stream counts) and CVE-2024-27316 (CONTINUATION, also bounded per block).
-FLOOD_WINDOW_S = 1.0
-FLOOD_FRAMES = 10_000
-# Streams a client resets before their answer, per window (rapid reset): nghttp2's burst.
-RESETS_PER_WINDOW = 1000
 
 
 def _our_settings(max_streams: int) -> bytes:
@@ -82,7 +57,7 @@ def _our_settings(max_streams: int) -> bytes:
             (MAX_CONCURRENT_STREAMS, max_streams),
             (INITIAL_WINDOW_SIZE, WINDOW),
             (MAX_FRAME_SIZE, MAX_FRAME),
-            (MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST),
+            (MAX_HEADER_LIST_SIZE, defences.MAX_HEADER_LIST),
         )
     )
 
@@ -98,19 +73,6 @@ class ConnectionError_(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-class Events(Protocol):
-    """What the connection is told, as it happens."""
-
-    def on_request(self, stream_id: int, headers: list[tuple[bytes, bytes]]) -> None: ...
-    def on_data(self, stream_id: int, data: bytes) -> None: ...
-    def on_end(self, stream_id: int) -> None: ...
-    def on_reset(self, stream_id: int) -> None: ...
-    def on_window(self, stream_id: int) -> None: ...
-    def on_ping(self) -> None: ...
-    def on_ping_ack(self) -> None: ...
-    def on_goaway(self) -> None: ...
 
 
 class Stream:
@@ -131,16 +93,12 @@ class Http2:
     def __init__(
         self,
         events: Events,
-        max_streams: int = MAX_STREAMS,
+        max_streams: int = defences.MAX_STREAMS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._events = events
         self.max_streams = max_streams
-        self._clock = clock
-        self._window_start = clock()
-        self._idle_frames = 0  # frames that did no work in this window
-        self._useful_frames = 0  # requests and DATA with bytes in this window
-        self._resets = 0  # open streams the client reset in this window
+        self._flood = FloodBudget(clock)
         self.streams: dict[int, Stream] = {}
         self.last_stream_id = 0  # the highest client stream id seen
         self._reset: dict[int, None] = {}  # streams we reset, oldest first
@@ -158,14 +116,7 @@ class Http2:
         self._block_flags = 0
         self._block: list[bytes] = []
         self._block_size = 0
-        self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
-        self._encoder = hpack.Encoder()
-        # The last header block decoded, when decoding it left the HPACK table as it was: a
-        # client sending the same fully indexed headers every call is answered from here.
-        self._decoded: tuple[bytes, list[tuple[bytes, bytes]]] | None = None
-        self._checked: list[tuple[bytes, bytes]] | None = None  # the last list found well formed
-        # Our constant header lists encoded, while the encoder's table has not changed.
-        self._encoded: dict[int, tuple[list[tuple[bytes, bytes]], bytes]] = {}
+        self._codec = HeaderCodec()
 
     # ---- out ----------------------------------------------------------------------------
 
@@ -190,7 +141,7 @@ class Http2:
         return min(self._send_window, stream.send_window)
 
     def send_headers(self, stream_id: int, headers: list[tuple[bytes, bytes]]) -> None:
-        self._send_block(stream_id, self._encode(headers), 0)
+        self._send_block(stream_id, self._codec.encode(headers), 0)
 
     def send_data(self, stream_id: int, data: bytes) -> None:
         """DATA within `window(stream_id)` and `max_send_frame`, as the caller has checked."""
@@ -206,7 +157,7 @@ class Http2:
         stream = self.streams.pop(stream_id, None)
         if stream is None:
             return
-        self._send_block(stream_id, self._encode(trailers), END_STREAM)
+        self._send_block(stream_id, self._codec.encode(trailers), END_STREAM)
         if stream.remote_open:
             self._send_reset(stream_id, NO_ERROR)
 
@@ -239,29 +190,6 @@ class Http2:
             self._out.append(frame(CONTINUATION, 0, stream_id, chunk))
         self._out.append(frame(CONTINUATION, END_HEADERS, stream_id, chunks[-1]))
 
-    def _encode(self, headers: list[tuple[bytes, bytes]]) -> bytes:
-        cached = self._encoded.get(id(headers))
-        if cached is not None and cached[0] is headers:
-            return cached[1]
-        encoder = self._encoder
-        table = encoder.header_table
-        before = _table_state(table)
-        resized = bool(encoder.table_size_changes)  # this block carries a size update
-        # hpack's Huffman coder builds one integer of the whole string: quadratic in its length
-        # (a 300 KB value took 22 s). Long values are sent as they are, which costs at most
-        # a quarter more bytes and is linear.
-        huffman = all(len(value) <= HUFFMAN_MAX for _, value in headers)
-        block = encoder.encode(headers, huffman=huffman)
-        if resized or _table_state(table) != before:
-            self._encoded.clear()
-        else:
-            # Keeping the list keeps its id from being reused. Only our constant lists come
-            # back (status trailers are new lists each time): a few slots, emptied when full.
-            if len(self._encoded) >= 8:
-                self._encoded.clear()
-            self._encoded[id(headers)] = (headers, block)
-        return block
-
     # ---- in -----------------------------------------------------------------------------
 
     @property
@@ -270,7 +198,7 @@ class Http2:
         on a later turn, and read no more from the peer meanwhile."""
         return len(self._buffer) >= self._need
 
-    def receive(self, data: bytes, budget: int = FRAMES_PER_TURN) -> None:
+    def receive(self, data: bytes, budget: int = defences.FRAMES_PER_TURN) -> None:
         """Parse what arrived, at most `budget` frames; events fire as frames complete.
         Raises ConnectionError_."""
         buffer = self._buffer
@@ -326,7 +254,7 @@ class Http2:
             self._settings_seen = True
         if kind == DATA:
             if payload and (len(payload) > 1 or not flags & PADDED):
-                self._useful_frames += 1
+                self._flood.useful_frames += 1
             elif not flags & END_STREAM:
                 self._idle()
             self._on_data(flags, stream_id, payload)
@@ -357,8 +285,7 @@ class Http2:
             if len(payload) != 4:
                 raise ConnectionError_(FRAME_SIZE_ERROR, "RST_STREAM not of 4 bytes")
             if self.streams.pop(stream_id, None) is not None:
-                self._resets += 1
-                if self._resets > RESETS_PER_WINDOW and not self._new_window():
+                if not self._flood.spend_reset():
                     raise ConnectionError_(ENHANCE_YOUR_CALM, "too many streams reset")
                 self._events.on_reset(stream_id)
         elif kind == PRIORITY:
@@ -379,33 +306,13 @@ class Http2:
         to read, as grpc core answers, then RST_STREAM PROTOCOL_ERROR, as RFC 9113 asks.
         Counted as a frame that does no work: a flood of them is told to calm down."""
         self._idle()
-        block = self._encode(
-            [
-                (b":status", b"200"),
-                (b"content-type", b"application/grpc"),
-                (b"grpc-status", b"13"),
-                (b"grpc-message", percent_encode(text)),
-            ]
-        )
-        self._send_block(stream_id, block, END_STREAM)
+        self._send_block(stream_id, self._codec.encode(refusal(text)), END_STREAM)
         self._send_reset(stream_id, PROTOCOL_ERROR)
 
     def _idle(self) -> None:
         """A frame that did no work: past the window's allowance, the peer is told to calm down."""
-        self._idle_frames += 1
-        if self._idle_frames <= FLOOD_FRAMES or self._idle_frames <= 4 * self._useful_frames:
-            return
-        if not self._new_window():
+        if not self._flood.spend_idle():
             raise ConnectionError_(ENHANCE_YOUR_CALM, "too many frames that do no work")
-
-    def _new_window(self) -> bool:
-        """Starts a new counting window if the current one has passed."""
-        now = self._clock()
-        if now - self._window_start < FLOOD_WINDOW_S:
-            return False
-        self._window_start = now
-        self._idle_frames = self._useful_frames = self._resets = 0
-        return True
 
     def _stream_error(self, stream_id: int, code: int) -> None:
         """RFC 9113 5.4.2: reset the stream; its call is gone as if the client reset it."""
@@ -479,7 +386,7 @@ class Http2:
             raise ConnectionError_(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
         self._block.append(payload)
         self._block_size += len(payload)
-        if self._block_size > MAX_HEADER_BLOCK or len(self._block) > MAX_CONTINUATIONS:
+        if self._block_size > MAX_HEADER_BLOCK or len(self._block) > defences.MAX_CONTINUATIONS:
             raise ConnectionError_(ENHANCE_YOUR_CALM, "header block over the limit")
         if flags & END_HEADERS:
             block = b"".join(self._block)
@@ -488,19 +395,12 @@ class Http2:
             self._on_block(self._block_flags, stream_id, block)
 
     def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
-        decoded = self._decoded
-        if decoded is not None and decoded[0] == block:
-            return decoded[1]
-        table = self._decoder.header_table
-        before = _table_state(table)
         try:
-            headers = cast(list[tuple[bytes, bytes]], self._decoder.decode(block, raw=True))
+            return self._codec.decode(block)
         except hpack.OversizedHeaderListError as exc:
             raise ConnectionError_(ENHANCE_YOUR_CALM, f"header list too long: {exc}") from None
         except (hpack.HPACKError, IndexError, ValueError) as exc:
             raise ConnectionError_(COMPRESSION_ERROR, f"HPACK: {exc}") from None
-        self._decoded = (block, headers) if _table_state(table) == before else None
-        return headers
 
     def _on_block(self, flags: int, stream_id: int, block: bytes) -> None:
         # Decoded whatever becomes of the stream: the HPACK table is the connection's.
@@ -516,12 +416,10 @@ class Http2:
                 self._idle()
                 self._send_reset(stream_id, REFUSED_STREAM)
                 return
-            if headers is not self._checked:
-                malformed = check_request(headers)
-                if malformed is not None:
-                    self._refuse(stream_id, malformed)
-                    return
-                self._checked = headers
+            malformed = self._codec.malformed(headers)
+            if malformed is not None:
+                self._refuse(stream_id, malformed)
+                return
             stream = self.streams[stream_id] = Stream(self._initial_window)
             if flags & END_STREAM:
                 stream.remote_open = False
@@ -591,59 +489,9 @@ class Http2:
                     raise ConnectionError_(PROTOCOL_ERROR, f"MAX_FRAME_SIZE {value}")
                 self.max_send_frame = value
             elif key == HEADER_TABLE_SIZE:
-                self._encoder.header_table_size = value
-                self._encoded.clear()
+                self._codec.set_table_size(value)
             elif key == ENABLE_PUSH and value > 1:
                 raise ConnectionError_(PROTOCOL_ERROR, f"ENABLE_PUSH {value}")
         self._out.append(frame(SETTINGS, ACK, 0))
         if grew:
             self._events.on_window(0)
-
-
-_PSEUDO = frozenset((b":method", b":scheme", b":path", b":authority"))
-_REQUIRED = (b":method", b":scheme", b":path")
-# RFC 9113 8.2.2: connection-specific fields are malformed in HTTP/2 (te: only "trailers").
-_CONNECTION_SPECIFIC = frozenset(
-    (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade")
-)
-
-
-def _shown(key: bytes) -> str:
-    return key[:100].decode("latin-1")
-
-
-def check_request(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """Why a request's header list is malformed (RFC 9113 8.2, 8.3), in grpc core's words
-    where it has them; None when it is well formed."""
-    seen: set[bytes] = set()
-    regular = False
-    for key, value in headers:
-        if key[:1] == b":":
-            if key not in _PSEUDO:
-                return f"Illegal header key: {_shown(key)}"
-            if regular:
-                return f"Pseudo-header '{_shown(key)}' after regular headers"
-            if key in seen:
-                return f"Duplicate '{_shown(key)}' header received"
-            seen.add(key)
-            if key == b":path" and not value:
-                return "Empty ':path' header"
-            continue
-        regular = True
-        if key != key.lower() or not key:
-            return f"Illegal header key: {_shown(key)}"
-        if key in _CONNECTION_SPECIFIC:
-            return f"Connection-specific header '{_shown(key)}'"
-        if key == b"te" and value != b"trailers":
-            return "Error parsing 'te' metadata"
-    for key in _REQUIRED:
-        if key not in seen:
-            return f"Missing '{key.decode()}' header"
-    return None
-
-
-def _table_state(table: hpack.table.HeaderTable) -> tuple[int, object, int]:
-    """What changes when a header block changes an HPACK table (a new entry is a new tuple
-    at the front; a size update changes the maximum)."""
-    entries = table.dynamic_entries
-    return (len(entries), entries[0] if entries else None, table.maxsize)

@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from oceanus.frontends.grpc_transport import framing
+from oceanus.frontends.grpc_transport import defences
 from oceanus.frontends.grpc_transport.connection import Connection
 
 
@@ -37,7 +37,7 @@ class Limits:
     max_ping_strikes: int
     max_age_s: float | None = None
     age_grace_s: float | None = None
-    max_concurrent_streams: int = framing.MAX_STREAMS
+    max_concurrent_streams: int = defences.MAX_STREAMS
 
 
 class H2Server:

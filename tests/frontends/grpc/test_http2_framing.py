@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from oceanus.frontends.grpc_transport import framing
+from oceanus.frontends.grpc_transport import defences, framing
+from oceanus.frontends.grpc_transport.defences import MAX_HEADER_BLOCK
 from oceanus.frontends.grpc_transport.framing import ConnectionError_, Http2
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -56,7 +57,7 @@ def frames_of(data: bytes) -> list[tuple[int, int, int, bytes]]:
 
 
 class Recorder:
-    """The connection's side of framing.Events, writing down what it is told."""
+    """The connection's side of events.Events, writing down what it is told."""
 
     def __init__(self) -> None:
         self.events: list[tuple[Any, ...]] = []
@@ -258,7 +259,7 @@ def test_a_header_block_over_the_limit_is_refused() -> None:
     # small on the wire, a header list past 64 KiB once decoded (the hpack decoder's limit)
     conn, _ = opened()
     listed = hpack.Encoder().encode([*REQUEST, (b"x-big", b"v" * (64 << 10))], huffman=True)
-    assert len(listed) < framing.MAX_HEADER_BLOCK
+    assert len(listed) < MAX_HEADER_BLOCK
     assert error_of(conn, raw_frame(1, 0x4, 1, listed)) == framing.ENHANCE_YOUR_CALM
     # a CONTINUATION flood: empty frames that never end the block
     conn, _ = opened()
@@ -531,7 +532,7 @@ CONTROL_FLOODS = {
 def test_a_flood_of_frames_that_do_no_work_gets_enhance_your_calm(kind: str) -> None:
     conn, _ = opened()
     frame = CONTROL_FLOODS[kind]
-    allowed = framing.FLOOD_FRAMES - 1  # the preface's SETTINGS counted one
+    allowed = defences.FLOOD_FRAMES - 1  # the preface's SETTINGS counted one
     conn.receive(frame * allowed, budget=allowed)
     _calm(conn, frame * 10)
 
@@ -544,10 +545,10 @@ def test_empty_data_frames_are_counted_and_a_slow_trickle_is_not() -> None:
     encoder = hpack.Encoder()
     conn.receive(raw_frame(1, 0x4, 1, encoder.encode(REQUEST)))
     empty = raw_frame(0, 0, 1)
-    limit = framing.FLOOD_FRAMES
+    limit = defences.FLOOD_FRAMES
     conn.receive(empty * (limit - 1), budget=limit)  # the preface's SETTINGS counted one
     for _ in range(3):  # each window its allowance, as time passes
-        now[0] += framing.FLOOD_WINDOW_S
+        now[0] += defences.FLOOD_WINDOW_S
         conn.receive(empty * limit, budget=limit)
     _calm(conn, empty * (limit + 1))  # more within one window
 
@@ -558,10 +559,10 @@ def test_rapid_reset_is_counted_against_the_connection() -> None:
     wire = b"".join(
         raw_frame(1, 0x4, 2 * n + 1, encoder.encode(REQUEST))
         + raw_frame(3, 0, 2 * n + 1, b"\0\0\0\x08")
-        for n in range(framing.RESETS_PER_WINDOW)
+        for n in range(defences.RESETS_PER_WINDOW)
     )
     conn.receive(wire, budget=10**6)
-    n = framing.RESETS_PER_WINDOW
+    n = defences.RESETS_PER_WINDOW
     _calm(
         conn,
         raw_frame(1, 0x4, 2 * n + 1, encoder.encode(REQUEST))
@@ -606,7 +607,7 @@ def test_a_large_header_block_uses_more_of_a_turn() -> None:
     encoder = hpack.Encoder()
     big = [*REQUEST, (b"x-big", b"v" * (32 << 10))]
     wire = raw_frame(1, 0x5, 1, encoder.encode(big)) + one_call(encoder, 3)
-    conn.receive(wire, budget=framing.FRAMES_PER_TURN)
+    conn.receive(wire, budget=defences.FRAMES_PER_TURN)
     assert [e[:2] for e in recorder.events] == [("request", 1), ("end", 1)]
     assert conn.pending
     conn.receive(b"")
@@ -627,6 +628,6 @@ def test_a_flood_of_malformed_requests_gets_enhance_your_calm() -> None:
     conn, _ = opened()
     encoder = hpack.Encoder()
     block = encoder.encode([*REQUEST, (b"X-Up", b"1")])
-    allowed = framing.FLOOD_FRAMES - 1  # the preface's SETTINGS counted one
+    allowed = defences.FLOOD_FRAMES - 1  # the preface's SETTINGS counted one
     conn.receive(b"".join(raw_frame(1, 0x5, 2 * n + 1, block) for n in range(allowed)), 10**6)
     _calm(conn, raw_frame(1, 0x5, 2 * allowed + 1, block))
