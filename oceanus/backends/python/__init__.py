@@ -7,6 +7,7 @@ Server side:
 - `stub_launcher.py` starting a stub process (rings, socketpair, Init until Ready)
 - `exec_env.py`     a model's own environment (EXECUTION_ENV_PATH): unpack once, probe
 - `options.py`      --backend-config=python,... (ring sizes, stub timeout)
+- `model_args.py`   what a model's initialize(args) receives (both modes)
 - `in_process.py`   the opt-in mode without a stub (`oceanus_in_process`), pb_utils' runtime
 - `batches.py`      what is in flight: a batch's Exec, where Result / Response go
 - `dispatch.py`     which part of the backend each message from a stub goes to

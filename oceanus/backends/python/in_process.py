@@ -26,7 +26,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.backends.python import utils as pb
 from oceanus.backends.python.batches import request_head
-from oceanus.backends.python.instance import initialize_args
+from oceanus.backends.python.model_args import initialize_args
 from oceanus.backends.python.model_code import (
     AsyncRunner,
     check_returned,

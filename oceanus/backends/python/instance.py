@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import json
 import logging
 import subprocess
 import threading
@@ -36,6 +35,7 @@ from oceanus.backends.python.batches import Batch, InFlight, exec_message, reque
 from oceanus.backends.python.dispatch import Dispatcher
 from oceanus.backends.python.exec_env import resolve as resolve_env
 from oceanus.backends.python.loop_batches import LoopBatches, small_tensors
+from oceanus.backends.python.model_args import initialize_args
 from oceanus.backends.python.options import PythonOptions
 from oceanus.backends.python.server_calls import ServerCalls
 from oceanus.backends.python.stub_launcher import IS_READY_CACHE_S, Stub, exit_text, spawn
@@ -43,7 +43,6 @@ from oceanus.core.backend import LoadContext, RequestInstance, RequestJob, Reque
 from oceanus.core.errors import InferenceServerError, internal, invalid_arg, unavailable
 from oceanus.core.observability.custom_metrics import CustomMetricRegistry
 from oceanus.core.repository.model_config import sequence_control_types
-from oceanus.proto_json import message_to_dict
 
 log = logging.getLogger("oceanus.backends.python")
 
@@ -67,20 +66,6 @@ def _parameter(config: mc.ModelConfig, key: str) -> str | None:
         if name.lower() == key:
             return str(value.string_value)
     return None
-
-
-def initialize_args(context: LoadContext) -> dict[str, str]:
-    """What `initialize(args)` gets, as Triton's stub gives it."""
-    config, spec, version_dir = context.config, context.spec, context.files.model_path.parent
-    return {
-        "model_config": json.dumps(message_to_dict(config)),
-        "model_instance_kind": spec.kind,
-        "model_instance_name": spec.name,
-        "model_instance_device_id": str(spec.device_id),
-        "model_repository": str(version_dir.parent),
-        "model_version": version_dir.name,
-        "model_name": config.name,
-    }
 
 
 class PythonInstance(RequestInstance):
