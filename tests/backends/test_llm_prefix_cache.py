@@ -6,7 +6,9 @@ and with a budget so small that cached blocks are evicted to admit the next sequ
 
 from __future__ import annotations
 
+import itertools
 import json
+import random
 import sys
 from pathlib import Path
 from typing import Any
@@ -147,3 +149,66 @@ def test_the_pool_keeps_evicts_and_copies_cached_blocks() -> None:
     cache.reserve(2, 30, 30)  # needs the entry's room: it is evicted
     assert cache.evictions == 1 and cache.cached_tokens == 0 and cache.size <= 32
     assert block_hashes(tokens, 4)[1] != block_hashes(tokens[4:8] * 2, 4)[1]
+
+
+def test_random_sequences_keep_their_cells_through_hits_evictions_and_compaction() -> None:
+    """2,000 random starts (with and without hits), growths and ends over a 64-token pool
+    whose live reservations fill it: every live sequence's cells and every cached entry's
+    cells still hold their tokens after each operation, ranges never overlap, and the pool
+    never exceeds the budget."""
+    rng = random.Random(0)
+    budget, block = 64, 4
+    cache = SlotCache(1, 1, 1, torch.float32, max_tokens=budget, block=block, prefix_caching=True)
+    bases = [list(range(start, start + 24)) for start in (0, 30, 60)]
+    live: dict[int, tuple[list[int], int]] = {}  # slot -> (tokens, reservation)
+    hits = 0
+
+    def cells(start: int, count: int) -> list[float]:
+        return cache._pool[0, 0, 0, start : start + count, 0].tolist()
+
+    def write(slot: int, tokens: list[int], start: int) -> None:
+        first = cache.offset(slot)
+        values = torch.tensor(tokens[start:], dtype=torch.float32)
+        cache._pool[0, 0, 0, first + start : first + len(tokens), 0] = values
+
+    for _ in range(2000):
+        op = rng.random()
+        if op < 0.35 and len(live) < 4:
+            tokens = [*rng.choice(bases)[: rng.randint(1, 20)], 100 + rng.randint(0, 9)]
+            limit = len(tokens) + rng.randint(0, 6)
+            if sum(r for _, r in live.values()) + limit > budget:
+                continue
+            slot = min(set(range(4)) - set(live))
+            entry, cached = cache.lookup(tokens)
+            cached = min(cached, len(tokens) - 1)
+            if cached > 0:
+                hits += 1
+                cache.take(slot, entry, cached, limit)
+                assert cells(cache.offset(slot), cached) == tokens[:cached]
+            cache.reserve(slot, len(tokens), limit)
+            write(slot, tokens, cached)
+            live[slot] = (tokens, limit)
+        elif op < 0.75 and live:
+            slot = rng.choice(sorted(live))
+            tokens, limit = live[slot]
+            if len(tokens) < limit:
+                tokens.append(100 + rng.randint(0, 9))
+                cache.reserve(slot, len(tokens), limit)
+                write(slot, tokens, len(tokens) - 1)
+        elif live:
+            slot = rng.choice(sorted(live))
+            tokens, _ = live.pop(slot)
+            if rng.random() < 0.8:
+                cache.keep(slot, tokens[: rng.randint(0, len(tokens))])
+            else:
+                cache.free(slot)
+        for slot, (tokens, _) in live.items():
+            assert cells(cache.offset(slot), len(tokens)) == tokens
+        for key, entry in cache._entries.items():
+            assert cells(cache._ranges[key][0], len(entry.tokens)) == entry.tokens
+        spans = sorted(cache._ranges.values())
+        for (start, count), (after, _) in itertools.pairwise(spans):
+            assert start + count <= after
+        assert all(start + count <= cache.size for start, count in spans)
+        assert cache.size <= budget
+    assert hits > 100 and cache.evictions > 0 and cache.compactions > 0, (hits, cache.evictions)

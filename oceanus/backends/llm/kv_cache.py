@@ -187,13 +187,16 @@ class SlotCache(Cache):
                 self._ranges[slot] = (start, want)
                 return
         target = self._place(want, slot)
-        # No room within the budget: evict cached entries (least recently used first) while
-        # the live ranges, the other entries and this one would not fit, then look again.
-        while target is None and self._evictable():
+        if target is None and self._entries:
+            # No room within the budget: evict cached entries, least recently used first,
+            # until the live ranges, the other entries and this one fit (what any place needs),
+            # then look again; compaction (below) makes the room if no gap opened.
             held = sum(c for s, (_, c) in self._ranges.items() if s != slot)
-            if held + want <= self.max_tokens:
-                break
-            self._evict(self._evictable()[0])
+            for key in self._evictable():
+                if held + want <= self.max_tokens:
+                    break
+                held -= self._ranges[key][1]
+                self._evict(key)
             target = self._place(want, slot)
         start, cells = self._ranges.get(slot, (0, 0))
         if target is None:
