@@ -54,7 +54,6 @@ BARE_FLAGS = frozenset(
     {
         "--enforce-eager",
         "--enable-prefix-caching",
-        "--no-enable-prefix-caching",
         "--enable-chunked-prefill",
         "--no-enable-chunked-prefill",
         "--disable-log-requests",
@@ -160,6 +159,8 @@ def model_json(settings: ServeSettings) -> dict[str, Any]:
             document[key] = value
     if settings.trust_remote_code:
         document["trust_remote_code"] = True
+    if settings.no_enable_prefix_caching:
+        document["enable_prefix_caching"] = False
     if settings.kv_cache_dtype.startswith("fp8"):
         log.warning("--kv-cache-dtype %s is GPU-only: ignored", settings.kv_cache_dtype)
     elif settings.kv_cache_dtype != "auto":

@@ -119,6 +119,13 @@ class ServeSettings:
     trust_remote_code: bool = setting(
         False, "--trust-remote-code", "let transformers run the folder's own code", MODEL, bare=True
     )
+    no_enable_prefix_caching: bool = setting(
+        False,
+        "--no-enable-prefix-caching",
+        "turn prefix caching off (on by default, as in vLLM): model.json enable_prefix_caching",
+        MODEL,
+        bare=True,
+    )
     generation_config: str = setting(
         "auto",
         "--generation-config",

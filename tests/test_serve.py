@@ -67,6 +67,9 @@ def test_vllm_flags_map_to_model_json_and_gpu_flags_are_ignored() -> None:
     assert folder_name("Qwen/Qwen3-0.6B") == "Qwen--Qwen3-0.6B"
     assert parse_args(["/mnt/models"])[0].served_model_name == ["/mnt/models"]  # vLLM's default
     assert model_json(parse_args(["m", "--seed", "0"])[0])["seed"] == 0
+    off = model_json(parse_args(["m", "--no-enable-prefix-caching"])[0])
+    assert off["enable_prefix_caching"] is False
+    assert "enable_prefix_caching" not in model_json(parse_args(["m"])[0])  # on, vLLM's default
 
 
 def test_lora_flags_reach_model_json() -> None:

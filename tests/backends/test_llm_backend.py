@@ -440,6 +440,20 @@ def test_cancelled_stream_frees_the_only_slot(llm_server: Any) -> None:
     assert metric_value(text, "vllm:num_requests_running", "llm_one_slot") == 0
 
 
+def test_the_prefix_cache_counters_count_tokens(llm_server: Any) -> None:
+    """vLLM v1's prefix-cache counters, in tokens: the same long prompt twice, the second
+    finds every whole block of it cached (the engine's default block_size 16)."""
+    hits, queries = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
+    before = metrics(llm_server)
+    body = {"text_input": PROMPTS[3] + " " + PROMPTS[1], "max_tokens": 2}
+    generate(llm_server, "llm_own", body)
+    generate(llm_server, "llm_own", body)
+    after = metrics(llm_server)
+    asked = metric_value(after, queries, "llm_own") - metric_value(before, queries, "llm_own")
+    found = metric_value(after, hits, "llm_own") - metric_value(before, hits, "llm_own")
+    assert asked > 32 and found >= 16 and found % 16 == 0 and found <= asked
+
+
 def test_vllm_metrics_are_labelled_by_model_and_version(llm_server: Any) -> None:
     generate(llm_server, "llm_own", {"text_input": "hello", "max_tokens": 5})
     text = metrics(llm_server)

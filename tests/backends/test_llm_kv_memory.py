@@ -223,9 +223,10 @@ def _greedy(
 
 def test_the_cache_grows_with_the_sequence_and_is_freed_after() -> None:
     """Nothing is allocated at load; a short prompt holds a small fraction of what a long one
-    does; when the sequences end the pool is released."""
+    does; when the sequences end the pool is released (prefix caching off: it would keep
+    their full blocks, test_llm_prefix_cache.py)."""
     folder = cached_llm("tiny")
-    engine = Engine(EngineArgs(model=folder, tokenizer=folder))
+    engine = Engine(EngineArgs(model=folder, tokenizer=folder, enable_prefix_caching=False))
     sizes: list[int] = []
 
     def watch(out: StepOutput) -> None:  # before the last output the sequence still holds cells

@@ -31,7 +31,6 @@ GPU_ONLY = frozenset(
         "quantization",
         "distributed_executor_backend",
         "num_gpu_blocks_override",
-        "enable_prefix_caching",
         "enable_chunked_prefill",
         "disable_log_stats",
         "disable_log_requests",
@@ -69,6 +68,9 @@ class EngineArgs:
     kv_cache_memory_bytes: int | None = None
     # vLLM's name: tokens per KV-cache block, the step in which a sequence's cells grow.
     block_size: int = 16
+    # vLLM's key (on by default, as in vLLM): full blocks of a finished sequence's KV are kept
+    # and reused by a later prompt that starts with the same tokens (kv_cache.py).
+    enable_prefix_caching: bool = True
     # How `dtype` was chosen ("model.json", or why "auto" gave it); not a model.json key.
     dtype_source: str = "default"
 
@@ -234,5 +236,6 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
         served_model_name=str(raw["served_model_name"]) if raw.get("served_model_name") else None,
         kv_cache_memory_bytes=_int(raw, "kv_cache_memory_bytes", None),
         block_size=_int(raw, "block_size", 16) or 16,
+        enable_prefix_caching=str(raw.get("enable_prefix_caching", True)).lower() != "false",
         dtype_source=source,
     )

@@ -73,6 +73,7 @@ class Engine(Scheduler):
             loaded.kv_dtype,
             max_tokens=self.budget,
             block=args.block_size,
+            prefix_caching=args.enable_prefix_caching,
         )
         self._llg_tokenizer: Any = None  # llguidance's tokenizer, made on the first guided request
         self.threads = threads
@@ -95,7 +96,31 @@ class Engine(Scheduler):
 
     def _release(self, seq: Sequence, reason: str) -> None:
         super()._release(seq, reason)
-        self.cache.free(seq.slot)  # on the engine thread, between passes
+        # On the engine thread, between passes. A sequence that ended normally leaves its full
+        # blocks to the prefix cache (the last token's KV was never written); an aborted one
+        # (cancelled, or a failed pass that may have left its cells half written) frees them.
+        if reason in ("stop", "length"):
+            self.cache.keep(seq.slot, seq.prompt + seq.generated[:-1])
+        else:
+            self.cache.free(seq.slot)
+
+    def _reuse_prefix(self, seq: Sequence) -> None:
+        """A newcomer's prompt, looked up in the prefix cache: the cached blocks it starts with
+        are copied into its range and its prefill starts after them. A prompt found whole still
+        computes its last token, whose logits give the first output token (as vLLM does)."""
+        seq.cached_tokens = 0
+        if not self.cache.prefix_caching:
+            return
+        entry, cached = self.cache.lookup(seq.prompt)
+        cached = min(cached, len(seq.prompt) - 1)
+        self.counters.prefix_cache_queries += len(seq.prompt)
+        if cached <= 0:
+            return
+        self.cache.take(seq.slot, entry, cached, seq.reserved)
+        seq.cached_tokens = cached
+        seq.prefilled = cached
+        self.counters.prefix_cache_hits += cached
+        self.counters.prompt_tokens += cached  # vLLM counts a request's whole prompt
 
     def _run(self) -> None:
         if self.threads:
@@ -106,6 +131,9 @@ class Engine(Scheduler):
     def _step(self) -> None:
         for seq in [s for s in self._running if s.cancelled()]:
             self._finish(seq, "abort", None)
+        for seq in self._running:
+            if seq.cached_tokens is None and not seq.finished:
+                self._reuse_prefix(seq)
         prefill: list[Sequence] = []
         room = self.chunk
         for seq in self._running:

@@ -12,8 +12,9 @@ when the cells after it are free, else it moves to a free gap, else the pool gro
 up to `max_tokens`, the budget's tokens), else the pool is compacted. A range never grows past
 its sequence's reservation (prompt + max_tokens, which admission keeps within the budget), so
 the pool never needs more than the budget. Freed ranges are reused; the pool shrinks when its
-upper half is free and is released when no sequence runs. So a loaded model holds no KV cells,
-and a short chat holds what it wrote, not `max_model_len`.
+upper half is free and is released when no sequence runs (and, with prefix caching, nothing is
+cached). So a loaded model holds no KV cells, and a short chat holds what it wrote, not
+`max_model_len`.
 
 Before a forward pass the engine `reserve`s each sequence's cells and `bind`s the cells the new
 tokens take. In a `whole` pass (attention.py's per-sequence attention) `update` returns the
@@ -23,14 +24,46 @@ gathers `[batch, kv_heads, kv_len, head_dim]` for transformers' attention under 
 mask, cells beyond a sequence's length being masked.
 
 The cache may hold another dtype than the model computes in (model.json's `kv_cache_dtype`):
-new keys are rounded to it as they are written."""
+new keys are rounded to it as they are written.
+
+Prefix caching (vLLM's automatic prefix caching, `enable_prefix_caching`): when a sequence ends,
+its range is not freed but kept, cut to its full blocks, as a cached entry: a range of the same
+pool under a negative key, so that gaps, growth and compaction treat it as any range. Each full
+block is hashed by its tokens and the hash of the block before it (a chained hash, so a block's
+hash names everything before it too). A new sequence whose prompt starts with cached blocks
+`take`s them: its range is reserved and the matching cells are copied into it (one copy of the
+prefix's KV, far cheaper than computing it; the sequence's range stays contiguous, so decode
+reads it as before). Cached entries hold no reservation: when a range needs room that the pool
+within the budget cannot give, entries are evicted least recently used first (a whole entry at
+a time) until the live ranges plus the rest fit, so admission (which counts live reservations
+only) never waits for the cache."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers.cache_utils import Cache
+
+
+@dataclass
+class _Entry:
+    """A finished sequence's full blocks, kept for later prompts that start with them."""
+
+    tokens: list[int]  # the cached tokens (whole blocks), to check a hash's match
+    hashes: list[int]  # each block's chained hash
+    used: int  # the LRU clock when it was last kept or taken from
+
+
+def block_hashes(tokens: list[int], block: int) -> list[int]:
+    """Each full block's hash, chained: a block's hash covers every token before it."""
+    hashes: list[int] = []
+    parent = 0
+    for end in range(block, len(tokens) + 1, block):
+        parent = hash((parent, tuple(tokens[end - block : end])))
+        hashes.append(parent)
+    return hashes
 
 
 class SlotCache(Cache):
@@ -42,6 +75,7 @@ class SlotCache(Cache):
         dtype: torch.dtype,
         max_tokens: int,
         block: int = 16,
+        prefix_caching: bool = False,
     ) -> None:
         super().__init__(layers=[])
         self.num_layers = layers
@@ -60,6 +94,15 @@ class SlotCache(Cache):
         self.moves = 0  # ranges moved to another place (tests, the load log)
         self.resizes = 0
         self.compactions = 0
+        # Prefix caching: entries under negative keys of `_ranges`, a block hash's entry and
+        # block index, the LRU clock, and an entry being copied from (not to be evicted).
+        self.prefix_caching = prefix_caching
+        self._entries: dict[int, _Entry] = {}
+        self._hashes: dict[int, tuple[int, int]] = {}
+        self._clock = 0
+        self._next_entry = -1
+        self._pinned: int | None = None
+        self.evictions = 0
         # The next pass: where its new keys go in a layer's flat `[heads * size, dim]` view, and
         # (not whole) the cells it reads.
         self._write = torch.zeros(0, dtype=torch.long)
@@ -76,7 +119,12 @@ class SlotCache(Cache):
 
     @property
     def held_tokens(self) -> int:
-        return sum(cells for _, cells in self._ranges.values())
+        """Cells held by running sequences (cached entries not counted)."""
+        return sum(cells for slot, (_, cells) in self._ranges.items() if slot >= 0)
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(len(entry.tokens) for entry in self._entries.values())
 
     def offset(self, slot: int) -> int:
         return self._ranges[slot][0]
@@ -138,11 +186,19 @@ class SlotCache(Cache):
                 self._grow(start + want)
                 self._ranges[slot] = (start, want)
                 return
-        target = self._gap(want, slot)
-        top = max((s + c for s, c in others), default=0)
-        if target is None and top + want <= self.max_tokens:
-            self._grow(top + want)
-            target = top
+        target = self._place(want, slot)
+        if target is None and self._entries:
+            # No room within the budget: evict cached entries, least recently used first,
+            # until the live ranges, the other entries and this one fit (what any place needs),
+            # then look again; compaction (below) makes the room if no gap opened.
+            held = sum(c for s, (_, c) in self._ranges.items() if s != slot)
+            for key in self._evictable():
+                if held + want <= self.max_tokens:
+                    break
+                held -= self._ranges[key][1]
+                self._evict(key)
+            target = self._place(want, slot)
+        start, cells = self._ranges.get(slot, (0, 0))
         if target is None:
             saved = self._pool[:, :, :, start : start + cells].clone() if cells else None
             self._ranges.pop(slot, None)
@@ -156,6 +212,16 @@ class SlotCache(Cache):
         if slot in self._ranges:
             self._move(start, target, cells)
         self._ranges[slot] = (target, want)
+
+    def _place(self, want: int, slot: int) -> int | None:
+        """A free run of `want` cells for `slot`: a gap, else above the others by growing the
+        pool within the budget; None if neither."""
+        target = self._gap(want, slot)
+        top = max((s + c for s, c in self._others(slot)), default=0)
+        if target is None and top + want <= self.max_tokens:
+            self._grow(top + want)
+            target = top
+        return target
 
     def _grow(self, size: int) -> None:
         if size > self.size:
@@ -175,9 +241,12 @@ class SlotCache(Cache):
 
     def free(self, slot: int) -> None:
         """`slot`'s sequence ended: its cells are free; the pool shrinks when its upper half
-        is, and is released when nothing runs."""
+        is, and is released when nothing runs and nothing is cached."""
         if self._ranges.pop(slot, None) is None:
             return
+        self._shrink()
+
+    def _shrink(self) -> None:
         top = max((s + c for s, c in self._ranges.values()), default=0)
         if top == 0:
             self._resize(0)
@@ -186,6 +255,84 @@ class SlotCache(Cache):
         else:
             return
         self.resizes += 1
+
+    # ---- prefix caching ------------------------------------------------------------------------
+
+    def keep(self, slot: int, tokens: list[int]) -> None:
+        """`slot`'s sequence ended having written the KV of `tokens`: keep its full blocks as a
+        cached entry (unless prefix caching is off, nothing is whole, or every block is cached
+        already), else free its cells."""
+        whole = len(tokens) // self.block * self.block
+        if not self.prefix_caching or slot not in self._ranges or whole == 0:
+            self.free(slot)
+            return
+        tokens = tokens[:whole]
+        self._clock += 1
+        found, cached = self.lookup(tokens)
+        if cached == whole:  # nothing new: the entry that has it is used again
+            self._entries[found].used = self._clock
+            self.free(slot)
+            return
+        start, _ = self._ranges.pop(slot)
+        key = self._next_entry
+        self._next_entry -= 1
+        hashes = block_hashes(tokens, self.block)
+        self._ranges[key] = (start, whole)
+        self._entries[key] = _Entry(tokens, hashes, self._clock)
+        for index, block_hash in enumerate(hashes):
+            self._hashes[block_hash] = (key, index)
+        self._shrink()
+
+    def lookup(self, tokens: list[int]) -> tuple[int, int]:
+        """The entry holding the longest run of `tokens`' leading full blocks and how many
+        tokens that is (0: none). The tokens are compared, so a hash collision is no hit."""
+        found, cached = 0, 0
+        for index, block_hash in enumerate(block_hashes(tokens, self.block)):
+            hit = self._hashes.get(block_hash)
+            if hit is None or hit[1] != index:
+                break
+            end = (index + 1) * self.block
+            if self._entries[hit[0]].tokens[:end] != tokens[:end]:
+                break
+            found, cached = hit[0], end
+        return found, cached
+
+    def take(self, slot: int, entry: int, cells: int, limit: int) -> None:
+        """Start `slot`'s range with the first `cells` cells of cached `entry` (a copy)."""
+        held = sum(c for _, c in self._ranges.values())
+        if held + self._round(cells) <= self.max_tokens:  # room without evicting `entry`
+            self._pinned = entry
+            try:
+                self.reserve(slot, cells, limit)
+            finally:
+                self._pinned = None
+            source = self._ranges[entry][0]
+            target = self._ranges[slot][0]
+            pool = self._pool
+            pool[:, :, :, target : target + cells].copy_(pool[:, :, :, source : source + cells])
+        else:  # the budget is tight: hold the cells aside, as `entry` may have to go
+            source = self._ranges[entry][0]
+            saved = self._pool[:, :, :, source : source + cells].clone()
+            self.reserve(slot, cells, limit)
+            target = self._ranges[slot][0]
+            self._pool[:, :, :, target : target + cells].copy_(saved)
+            if entry not in self._entries:
+                return
+        self._clock += 1
+        self._entries[entry].used = self._clock
+
+    def _evictable(self) -> list[int]:
+        """Cached entries that may be evicted, least recently used first."""
+        keys = [key for key in self._entries if key != self._pinned]
+        return sorted(keys, key=lambda key: self._entries[key].used)
+
+    def _evict(self, key: int) -> None:
+        entry = self._entries.pop(key)
+        self._ranges.pop(key)
+        for block_hash in entry.hashes:
+            if self._hashes.get(block_hash, (None,))[0] == key:
+                del self._hashes[block_hash]
+        self.evictions += 1
 
     # ---- a forward pass ------------------------------------------------------------------------
 

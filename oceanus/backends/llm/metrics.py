@@ -1,7 +1,8 @@
 """The vLLM metric families, as Triton's vLLM backend exports them (labelled `model` and
 `version`), plus vLLM's own label `model_name` (the served name), and the gauges routers read
 (llm-d, Kubernetes' Gateway API Inference Extension): `vllm:num_requests_waiting`,
-`vllm:num_requests_running`, `vllm:kv_cache_usage_perc` (0..1) and `vllm:lora_requests_info`.
+`vllm:num_requests_running`, `vllm:kv_cache_usage_perc` (0..1) and `vllm:lora_requests_info`,
+and vLLM v1's prefix-cache counters (in tokens).
 They go through the server's custom metric registry, so /metrics exports them beside the nv_*
 ones (and `oceanus serve` on its one port)."""
 
@@ -75,6 +76,20 @@ class LlmMetrics:
         ("vllm:num_requests_running", "Number of requests currently running.", GAUGE, None),
         ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", GAUGE, None),
         ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", GAUGE, None),
+        # vLLM v1's prefix-cache counters (its `vllm:prefix_cache_queries` and
+        # `vllm:prefix_cache_hits`, exported with prometheus_client's `_total`), in tokens.
+        (
+            "vllm:prefix_cache_queries_total",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            COUNTER,
+            None,
+        ),
+        (
+            "vllm:prefix_cache_hits_total",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            COUNTER,
+            None,
+        ),
     )
     # vLLM's LoRA gauge: its labels say which adapters run and wait, its value is the time of
     # the last update (as vLLM sets it). No adapters are served yet: empty lists, max_lora 0.
@@ -95,6 +110,8 @@ class LlmMetrics:
         self._ids: dict[str, int] = {}
         self._prompt = 0
         self._generated = 0
+        self._queries = 0
+        self._hits = 0
         self._tokens_buckets: list[float] = []
         # vLLM's labels (`engine` is its engine core's index: one here) beside Triton's.
         self._labels = {
@@ -138,6 +155,14 @@ class LlmMetrics:
             added = counters.generation_tokens - self._generated
             update(ids["vllm:generation_tokens_total"], "increment", added)
             self._generated = counters.generation_tokens
+        if counters.prefix_cache_queries > self._queries:
+            added = counters.prefix_cache_queries - self._queries
+            update(ids["vllm:prefix_cache_queries_total"], "increment", added)
+            self._queries = counters.prefix_cache_queries
+        if counters.prefix_cache_hits > self._hits:
+            added = counters.prefix_cache_hits - self._hits
+            update(ids["vllm:prefix_cache_hits_total"], "increment", added)
+            self._hits = counters.prefix_cache_hits
         update(ids["vllm:num_requests_running"], "set", counters.running)
         update(ids["vllm:num_requests_waiting"], "set", counters.waiting + self._queued())
         usage = counters.reserved_tokens / counters.budget_tokens if counters.budget_tokens else 0

@@ -87,7 +87,7 @@ class OpenVinoEngine(Scheduler):
             "cache_size": max(
                 cache_gb, kv_cache_gb(config, self.budget + self.slots * self.chunk, kv)
             ),
-            "enable_prefix_caching": False,
+            "enable_prefix_caching": args.enable_prefix_caching,
         }
         parent, child = socket.socketpair()
         self._process = subprocess.Popen(

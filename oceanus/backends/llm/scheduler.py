@@ -65,6 +65,8 @@ class Sequence:
     generator: Any = None  # torch.Generator of a sampled sequence (engine.py)
     finished: bool = False
     guide: Any = None  # guide.Guide: structured output's grammar state (None: free text)
+    # Prompt tokens whose KV came from the prefix cache (engine.py); None: not looked up yet.
+    cached_tokens: int | None = None
 
 
 @dataclass
@@ -77,6 +79,9 @@ class EngineCounters:
     waiting: int = 0
     reserved_tokens: int = 0
     budget_tokens: int = 0
+    # vLLM's prefix-cache counters, in tokens: prompt tokens looked up, and those found.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 # Called when a sequence ends: (sequence, finish reason); and after every step.
