@@ -177,17 +177,20 @@ def _kv_cache_dtype(raw: dict[str, Any], path: Path) -> str:
     return value
 
 
-def _quantization(raw: dict[str, Any], path: Path) -> str | None:
-    """vLLM's `quantization`: "int8" (weight-only, quant.py); vLLM's GPU methods are refused."""
-    from oceanus.backends.llm.quant import SUPPORTED
+# vLLM's `quantization` values the CPU engine runs (quant.py): weight-only int8.
+QUANTIZATIONS = ("int8",)
 
+
+def _quantization(raw: dict[str, Any], path: Path) -> str | None:
+    """vLLM's `quantization`: "int8" (weight-only, quant.py); vLLM's GPU methods are refused.
+    (Not imported from quant.py: reading model.json needs no torch.)"""
     value = raw.get("quantization")
     if value is None or value == "" or str(value).lower() == "none":
         return None
-    if str(value) not in SUPPORTED:
+    if str(value) not in QUANTIZATIONS:
         raise invalid_arg(
             f"{path}: 'quantization' {value!r} is not supported by the CPU engine: use "
-            f"{', '.join(repr(k) for k in SUPPORTED)} (weight-only int8), or leave it out "
+            f"{', '.join(repr(k) for k in QUANTIZATIONS)} (weight-only int8), or leave it out "
             "(vLLM's GPU methods such as awq, gptq, fp8, bitsandbytes need its CUDA kernels)"
         )
     return str(value)

@@ -18,8 +18,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-# Values of model.json's `quantization` the CPU engine runs, and what each means.
-SUPPORTED = {"int8": "weight-only int8, per output channel"}
 # Weight elements dequantized at once (4 MiB of float32).
 CHUNK_ELEMENTS = 1 << 20
 
