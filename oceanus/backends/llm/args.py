@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from oceanus.backends.llm import gguf_model
 from oceanus.core.errors import invalid_arg, unavailable
 
 log = logging.getLogger("oceanus.backends.llm")
@@ -28,7 +29,6 @@ GPU_ONLY = frozenset(
         "cpu_offload_gb",
         "max_seq_len_to_capture",
         "disable_custom_all_reduce",
-        "quantization",
         "distributed_executor_backend",
         "num_gpu_blocks_override",
         "enable_chunked_prefill",
@@ -71,6 +71,9 @@ class EngineArgs:
     # vLLM's key (on by default, as in vLLM): full blocks of a finished sequence's KV are kept
     # and reused by a later prompt that starts with the same tokens (kv_cache.py).
     enable_prefix_caching: bool = True
+    # vLLM's key: "int8" keeps the linears' weights int8 (weight-only, per output channel:
+    # quant.py); None keeps them in `dtype`.
+    quantization: str | None = None
     # How `dtype` was chosen ("model.json", or why "auto" gave it); not a model.json key.
     dtype_source: str = "default"
 
@@ -122,13 +125,18 @@ def auto_dtype(flags: frozenset[str] | set[str]) -> tuple[str, str]:
     return "float32", "auto: this CPU has no avx512_bf16/amx_bf16"
 
 
-def _resolve(name: str, version_dir: Path) -> Path:
-    """A local folder (absolute or relative to the version folder), else a model name found in
-    the local Hugging Face cache (nothing is downloaded)."""
+def _resolve(name: str, version_dir: Path, files: bool = False) -> Path:
+    """A local folder (absolute or relative to the version folder), or where `files`, a `.gguf`
+    file; else a model name found in the local Hugging Face cache (nothing is downloaded)."""
     path = Path(name).expanduser()
     for candidate in (path, version_dir / path):
-        if candidate.is_dir():
+        if candidate.is_dir() or (files and gguf_model.is_gguf(candidate)):
             return candidate
+    if files and path.suffix.lower() == gguf_model.SUFFIX:
+        raise unavailable(
+            f"model '{name}' in {MODEL_JSON}: no such GGUF file (absolute, or relative to "
+            f"the version folder {version_dir})"
+        )
     try:
         from huggingface_hub import snapshot_download
 
@@ -171,6 +179,25 @@ def _kv_cache_dtype(raw: dict[str, Any], path: Path) -> str:
     return value
 
 
+# vLLM's `quantization` values the CPU engine runs (quant.py): weight-only int8.
+QUANTIZATIONS = ("int8",)
+
+
+def _quantization(raw: dict[str, Any], path: Path) -> str | None:
+    """vLLM's `quantization`: "int8" (weight-only, quant.py); vLLM's GPU methods are refused.
+    (Not imported from quant.py: reading model.json needs no torch.)"""
+    value = raw.get("quantization")
+    if value is None or value == "" or str(value).lower() == "none":
+        return None
+    if str(value) not in QUANTIZATIONS:
+        raise invalid_arg(
+            f"{path}: 'quantization' {value!r} is not supported by the CPU engine: use "
+            f"{', '.join(repr(k) for k in QUANTIZATIONS)} (weight-only int8), or leave it out "
+            "(vLLM's GPU methods such as awq, gptq, fp8, bitsandbytes need its CUDA kernels)"
+        )
+    return str(value)
+
+
 ENGINES = ("transformers", "openvino")
 
 
@@ -205,8 +232,20 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
             log.info("model '%s': %s key '%s' ignored (GPU-only)", model_name, MODEL_JSON, key)
         elif key not in known:
             log.warning("model '%s': %s key '%s' ignored (unknown)", model_name, MODEL_JSON, key)
-    model = _resolve(raw["model"], version_dir)
-    tokenizer = _resolve(raw["tokenizer"], version_dir) if raw.get("tokenizer") else model
+    model = _resolve(raw["model"], version_dir, files=True)
+    if raw.get("tokenizer"):
+        tokenizer = _resolve(raw["tokenizer"], version_dir)
+    elif gguf_model.is_gguf(model):
+        # The tokenizer is read from the file and saved to this folder at load (gguf_model.py).
+        tokenizer = gguf_model.tokenizer_dir(model)
+    else:
+        tokenizer = model
+    engine = _engine(raw, path)
+    if gguf_model.is_gguf(model) and engine != "transformers":
+        raise invalid_arg(f"{path}: a GGUF 'model' runs on the \"transformers\" engine only")
+    quantization = _quantization(raw, path)
+    if quantization and engine != "transformers":
+        raise invalid_arg(f"{path}: 'quantization' runs on the \"transformers\" engine only")
     dtype = str(raw.get("dtype", "auto"))
     source = "model.json"
     if dtype == "auto":
@@ -232,10 +271,11 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
         kv_cache_tokens=_int(raw, "kv_cache_tokens", None),
         num_threads=_int(raw, "num_threads", None),
         kv_cache_dtype=_kv_cache_dtype(raw, path),
-        engine=_engine(raw, path),
+        engine=engine,
         served_model_name=str(raw["served_model_name"]) if raw.get("served_model_name") else None,
         kv_cache_memory_bytes=_int(raw, "kv_cache_memory_bytes", None),
         block_size=_int(raw, "block_size", 16) or 16,
         enable_prefix_caching=str(raw.get("enable_prefix_caching", True)).lower() != "false",
+        quantization=quantization,
         dtype_source=source,
     )

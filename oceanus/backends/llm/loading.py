@@ -5,14 +5,18 @@ load and left off when this build or model cannot take it."""
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from oceanus.backends.llm import attention, linear
+from oceanus.backends.llm import attention, gguf_model, linear, quant
 from oceanus.backends.llm.args import EngineArgs
+
+log = logging.getLogger("oceanus.backends.llm")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -28,7 +32,7 @@ class LoadedModel:
     model: Any
     dtype: torch.dtype
     kv_dtype: torch.dtype  # the KV cache's (model.json's kv_cache_dtype; "auto": `dtype`)
-    weights_bytes: int  # the parameters as loaded (before oneDNN packs the linears)
+    weights_bytes: int  # the parameters as loaded (int8 if quantized; before oneDNN packs)
     packed_linears: int  # how many linears run on oneDNN (0: the default path)
     fused_mlps: int
     row_attention: bool
@@ -45,14 +49,30 @@ def load(
     hf_logging.disable_progress_bar()  # no progress bars in the server's log
 
     dtype = DTYPES[args.dtype]
-    tokenizer = AutoTokenizer.from_pretrained(
-        args.tokenizer, trust_remote_code=args.trust_remote_code
-    )
+    remote = args.trust_remote_code
+    gguf = gguf_model.is_gguf(Path(args.model))
+    if gguf and Path(args.tokenizer) == gguf_model.tokenizer_dir(Path(args.model)):
+        tokenizer = gguf_model.save_tokenizer(Path(args.model), Path(args.tokenizer), remote)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer, trust_remote_code=remote)
     with _LOADING:
-        model: Any = AutoModelForCausalLM.from_pretrained(
-            args.model, dtype=dtype, trust_remote_code=args.trust_remote_code
-        ).eval()
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        if gguf:
+            model: Any = gguf_model.load_model(Path(args.model), dtype, remote).eval()
+        else:
+            model = AutoModelForCausalLM.from_pretrained(
+                args.model, dtype=dtype, trust_remote_code=remote
+            ).eval()
+    if args.quantization == "int8":
+        before = quant.module_bytes(model)
+        count = quant.quantize_linears(model)
+        log.info(
+            "quantization int8: %d linears weight-only int8 (per output channel), weights "
+            "%.1f MiB -> %.1f MiB",
+            count,
+            before / 2**20,
+            quant.module_bytes(model) / 2**20,
+        )
+    weights = quant.module_bytes(model)
     # The matmuls are most of a step: run them on oneDNN with packed weights (linear.py).
     packed = fused = 0
     if onednn_linears and linear.usable(dtype):
