@@ -107,32 +107,47 @@ def usable(dtype: torch.dtype) -> bool:
     return dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available()
 
 
+def _packs(linear: nn.Linear) -> bool:
+    """Whether oneDNN runs `linear`'s shape and dtype, and agrees with `F.linear` on it. oneDNN
+    refuses some shapes in some dtypes ("could not create a primitive descriptor": e.g. a tiny
+    bfloat16 head), so each distinct shape is tried once, not only the first layer's."""
+    with torch.no_grad():
+        x = torch.randn(3, linear.in_features, dtype=linear.weight.dtype)
+        want = nn.functional.linear(x, linear.weight, linear.bias)
+        got = PackedLinear(linear)(x)
+    tolerance = 1e-4 if linear.weight.dtype == torch.float32 else 5e-2
+    return bool(torch.allclose(got, want, atol=tolerance, rtol=tolerance))
+
+
 def pack_linears(model: nn.Module) -> int:
-    """Replace every `nn.Linear` under `model` by a PackedLinear after checking one of them
-    against `F.linear`; returns how many were packed (0 when the check fails: then nothing is
-    replaced and the model runs on the default path)."""
+    """Replace every `nn.Linear` under `model` by a PackedLinear where oneDNN runs its shape and
+    agrees with `F.linear` (`_packs`, once per distinct shape); the others keep the default
+    path. Returns how many were packed."""
     targets = [
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
         if type(child) is nn.Linear
     ]
-    if not targets:
-        return 0
-    try:
-        with torch.no_grad():
-            probe = targets[0][2]
-            x = torch.randn(3, probe.in_features, dtype=probe.weight.dtype)
-            want = nn.functional.linear(x, probe.weight, probe.bias)
-            got = PackedLinear(probe)(x)
-            tolerance = 1e-4 if probe.weight.dtype == torch.float32 else 5e-2
-            if not torch.allclose(got, want, atol=tolerance, rtol=tolerance):
-                log.warning("oneDNN linear differs from F.linear; keeping the default path")
-                return 0
-    except RuntimeError as exc:  # an op missing from this build
-        log.warning("oneDNN linear unavailable (%s); keeping the default path", exc)
-        return 0
+    verdicts: dict[tuple[int, int, bool, torch.dtype], bool] = {}
+    packed = 0
     with torch.no_grad():
         for parent, name, child in targets:
-            setattr(parent, name, PackedLinear(child))
-    return len(targets)
+            key = (
+                child.in_features,
+                child.out_features,
+                child.bias is not None,
+                child.weight.dtype,
+            )
+            if key not in verdicts:
+                try:
+                    verdicts[key] = _packs(child)
+                    if not verdicts[key]:
+                        log.warning("oneDNN linear %s differs from F.linear; not packed", key[:2])
+                except RuntimeError as exc:  # an op missing from this build, or a shape refused
+                    log.warning("oneDNN linear %s unavailable (%s); not packed", key[:2], exc)
+                    verdicts[key] = False
+            if verdicts[key]:
+                setattr(parent, name, PackedLinear(child))
+                packed += 1
+    return packed
