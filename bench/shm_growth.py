@@ -34,26 +34,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import benchlib
+from python_backend import MODEL_PY, START_REFERENCE
 
-START_REFERENCE = Path(
-    os.environ.get(
-        "TRITON_REFERENCE",
-        Path(__file__).resolve().parents[2] / "shared" / "triton-reference" / "start.sh",
-    )
-)
-MODEL_PY = """import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [
-            pb_utils.InferenceResponse(
-                [pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0")
-                                 .as_numpy())]
-            )
-            for r in requests
-        ]
-"""
+# The reference Triton's launcher and the identity model.py: python_backend.py's.
 CONFIG = """name: "{name}"
 backend: "python"
 max_batch_size: 8
