@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from oceanus.backends.llm.args import read_engine_args
+from oceanus.backends.llm.loading import LOADING
 from oceanus.core.backend import LoadContext, RequestInstance, RequestJob, RequestsResult
 from oceanus.core.errors import InferenceServerError, invalid_arg
 
@@ -88,7 +89,8 @@ class EmbeddingInstance(RequestInstance):
         self.name = config.name
         args = read_engine_args(context.files.version_dir, config.name)
         self.tokenizer: Any = AutoTokenizer.from_pretrained(args.tokenizer)
-        model: Any = AutoModel.from_pretrained(args.model)
+        with LOADING:  # transformers sets torch's default dtype while it builds (loading.py)
+            model: Any = AutoModel.from_pretrained(args.model)
         self.model = model.eval()
         self.max_len = int(args.max_model_len or model.config.max_position_embeddings)
         self.mode, self.normalize = pooling_of(Path(args.model))

@@ -22,8 +22,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 # transformers' from_pretrained(dtype=...) sets torch's process-wide default dtype while it
 # builds the model: two models of different dtypes loading at once (a server loads its models
-# in parallel) would each get some weights in the other's dtype. One load at a time.
-_LOADING = threading.Lock()
+# in parallel) would each get some weights in the other's dtype: a bfloat16 engine beside the
+# float32 embedder got float32 norms, and its packed bfloat16 head refused their float32 output.
+# One transformers load at a time, for every model of this backend (embedder.py takes it too).
+LOADING = threading.Lock()
 
 
 @dataclass(slots=True)
@@ -55,7 +57,7 @@ def load(
         tokenizer = gguf_model.save_tokenizer(Path(args.model), Path(args.tokenizer), remote)
     else:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer, trust_remote_code=remote)
-    with _LOADING:
+    with LOADING:
         if gguf:
             model: Any = gguf_model.load_model(Path(args.model), dtype, remote).eval()
         else:
