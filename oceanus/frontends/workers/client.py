@@ -8,6 +8,7 @@ core, which drops the request if it is still queued, as an in-process cancellati
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -42,7 +43,9 @@ class _Stream:
     def __init__(self) -> None:
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
 
-    async def items(self, client: CoreClient, call_id: int) -> AsyncIterator[bytes]:
+    async def items(self, client: CoreClient, call_id: int) -> AsyncIterator[Any]:
+        """The items until the end; an exception put in the queue (a gRPC status, a Generate
+        call's error) is raised. Leaving early cancels the call in the core."""
         finished = False
         try:
             while True:
@@ -50,7 +53,7 @@ class _Stream:
                 if item is _END:
                     finished = True
                     return
-                if isinstance(item, GrpcFailure):
+                if isinstance(item, Exception):
                     finished = True
                     raise item
                 yield item
@@ -195,20 +198,12 @@ class CoreClient:
     async def _generated(
         self, call_id: int, stream: _Stream, request: InferRequest
     ) -> AsyncIterator[InferResponse]:
-        finished = False
-        try:
-            while True:
-                item = await stream.queue.get()
-                if item is _END:
-                    finished = True
-                    return
-                if isinstance(item, Exception):
-                    finished = True
-                    raise item
+        # aclosing: a reader leaving early closes the inner items at once (its cancel), not
+        # whenever the event loop finalizes it.
+        async with contextlib.aclosing(stream.items(self, call_id)) as items:
+            async for item in items:
                 output = typed.output_of(item)
                 yield InferResponse(request.model_name, "", request.id, [], generation=output)
-        finally:
-            self.forget(call_id, cancel=not finished)
 
     # ---- answers ------------------------------------------------------------------------------
 
