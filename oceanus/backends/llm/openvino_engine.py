@@ -97,7 +97,8 @@ class OpenVinoEngine(Scheduler):
         child.close()
         self._channel = Channel(parent, KINDS)
         try:
-            self._channel.send(Start(str(args.model), scheduler, properties))
+            start = Start(str(args.model), scheduler, properties, args.quantization or "")
+            self._channel.send(start)
             ready = self._channel.recv()
         except (EOFError, OSError):
             ready = Ready(f"the engine process exited ({self._process.wait()})", "", 0.0)
@@ -107,7 +108,7 @@ class OpenVinoEngine(Scheduler):
             raise unavailable(f"the openvino engine failed to start: {detail}")
         self.ir_dir = ready.ir_dir
         self.export_s = ready.export_s
-        # The weights the worker compiled (the IR's .bin files, fp32 as traced).
+        # The weights the worker compiled (the IR's .bin files: fp32 as traced, or compressed).
         self.weights_bytes = sum(f.stat().st_size for f in Path(self.ir_dir).glob("*.bin"))
         self._rids = count(1)
         self._by_rid: dict[int, Sequence] = {}
