@@ -247,8 +247,6 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
     else:
         tokenizer = model
     engine = _engine(raw, path)
-    if gguf_model.is_gguf(model) and engine != "transformers":
-        raise invalid_arg(f"{path}: a GGUF 'model' runs on the \"transformers\" engine only")
     quantization = _quantization(raw, path, engine)
     dtype = str(raw.get("dtype", "auto"))
     source = "model.json"

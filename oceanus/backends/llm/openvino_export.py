@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from oceanus.backends.llm import gguf_model
 from oceanus.core.errors import invalid_arg
 
 # Bump when the traced graph changes: cached folders of an older layout are traced again.
@@ -38,9 +39,10 @@ def cache_root() -> Path:
 
 
 def folder_key(model: Path) -> str:
-    """What identifies a model folder's contents: every file's name, size and mtime."""
+    """What identifies a model folder's contents (or a GGUF file's): every file's name, size
+    and mtime."""
     digest = hashlib.sha256(f"v{EXPORT_VERSION}:{model.resolve()}".encode())
-    for path in sorted(model.iterdir()):
+    for path in sorted(model.iterdir()) if model.is_dir() else [model]:
         if path.is_file():
             stat = path.stat()
             digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
@@ -48,8 +50,12 @@ def folder_key(model: Path) -> str:
 
 
 def check_architecture(model: Path) -> dict[str, Any]:
-    """The folder's config.json, or INVALID_ARG naming what this exporter takes."""
-    config: dict[str, Any] = json.loads((model / "config.json").read_text())
+    """The folder's config.json (a GGUF file's metadata as one), or INVALID_ARG naming what
+    this exporter takes."""
+    if gguf_model.is_gguf(model):
+        config: dict[str, Any] = gguf_model.config_of(model).to_dict()
+    else:
+        config = json.loads((model / "config.json").read_text())
     kind = config.get("model_type")
     if kind not in ARCHITECTURES:
         raise invalid_arg(
@@ -97,7 +103,10 @@ def export(model_dir: Path, target: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    hf: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if gguf_model.is_gguf(model_dir):  # dequantized to float32 here; compress() may requantize
+        hf: Any = gguf_model.load_model(model_dir, torch.float32).eval()
+    else:
+        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     config = hf.config
     layers = int(config.num_hidden_layers)
     heads = int(config.num_attention_heads)
@@ -125,6 +134,9 @@ def export(model_dir: Path, target: Path) -> None:
     model.reshape(shapes)
     _make_stateful(model, past_names, kv_heads, head_dim)
     ov.save_model(model, target / MODEL_XML, compress_to_fp16=False)
+    if gguf_model.is_gguf(model_dir):
+        config.save_pretrained(target)
+        return
     for name in ("config.json", "generation_config.json"):
         if (model_dir / name).is_file():
             shutil.copy(model_dir / name, target / name)
