@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from oceanus.core.types import InferRequest, InferResponse
@@ -43,7 +43,7 @@ class _Stream:
     def __init__(self) -> None:
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
 
-    async def items(self, client: CoreClient, call_id: int) -> AsyncIterator[Any]:
+    async def items(self, client: CoreClient, call_id: int) -> AsyncGenerator[Any, None]:
         """The items until the end; an exception put in the queue (a gRPC status, a Generate
         call's error) is raised. Leaving early cancels the call in the core."""
         finished = False
