@@ -153,7 +153,8 @@ def model_json(settings: ServeSettings) -> dict[str, Any]:
     if settings.tokenizer:
         tokenizer = Path(settings.tokenizer).expanduser()
         document["tokenizer"] = str(tokenizer.resolve()) if tokenizer.is_dir() else str(tokenizer)
-    for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "seed"):
+    keys = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "seed", "quantization")
+    for key in (*keys, "engine"):
         value = getattr(settings, key)
         if value is not None:
             document[key] = value

@@ -116,6 +116,13 @@ class ServeSettings:
         MODEL,
     )
     seed: int | None = setting(None, "--seed", "the engine's random seed", MODEL, **COUNT)
+    quantization: str | None = setting(
+        None,
+        ("--quantization", "-q"),
+        "weight-only int8 (both engines) or int4 (--engine openvino); vLLM's GPU methods "
+        "(awq, gptq, fp8, ...) fail the load: model.json quantization",
+        MODEL,
+    )
     trust_remote_code: bool = setting(
         False, "--trust-remote-code", "let transformers run the folder's own code", MODEL, bare=True
     )
@@ -187,6 +194,14 @@ class ServeSettings:
         metavar="|".join(REASONING_PARSERS),
     )
     # ---- Oceanus's own
+    engine: str | None = setting(
+        None,
+        "--engine",
+        "transformers or openvino (docs/serving-your-llm.md, 'Two engines'): model.json engine",
+        OCEANUS,
+        parse=choice("transformers", "openvino"),
+        metavar="transformers|openvino",
+    )
     log_verbose: int = setting(0, "--log-verbose", "verbose logging level", OCEANUS, **COUNT)
 
     def __post_init__(self) -> None:

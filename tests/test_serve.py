@@ -70,6 +70,9 @@ def test_vllm_flags_map_to_model_json_and_gpu_flags_are_ignored() -> None:
     off = model_json(parse_args(["m", "--no-enable-prefix-caching"])[0])
     assert off["enable_prefix_caching"] is False
     assert "enable_prefix_caching" not in model_json(parse_args(["m"])[0])  # on, vLLM's default
+    quantized = model_json(parse_args(["m", "-q", "int4", "--engine", "openvino"])[0])
+    assert (quantized["quantization"], quantized["engine"]) == ("int4", "openvino")
+    assert "quantization" not in model_json(parse_args(["m"])[0])
 
 
 def test_lora_flags_reach_model_json() -> None:

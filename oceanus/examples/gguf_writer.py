@@ -5,8 +5,8 @@ Writes what llama.cpp's `convert_hf_to_gguf.py` writes for a Llama model and tra
 GGUF loader reads back: the `llama.*` hyperparameters, the tensors under llama.cpp's names
 (`token_embd`, `blk.N.attn_q`, ...; q and k rows permuted as llama.cpp permutes them), and the
 tokenizer as a byte-level BPE (`tokenizer.ggml.model` "gpt2": tokens, merges, token types,
-special token ids) with `tokenizer.chat_template`. Norms stay F32; the 2-D weights are F32, F16
-or Q8_0 (`gguf.quants.quantize`). Needs the `gguf` package (the `llm` extra).
+special token ids) with `tokenizer.chat_template`. Norms stay F32; the 2-D weights are F32, F16,
+Q8_0 or Q4_0 (`gguf.quants.quantize`). Needs the `gguf` package (the `llm` extra).
 
     from oceanus.examples.gguf_writer import write_gguf
     path = write_gguf(cached_llm("tiny"), tmp / "tiny-q8_0.gguf", "Q8_0")
@@ -19,7 +19,7 @@ import os
 import pathlib
 from typing import Any
 
-TENSOR_TYPES = ("F32", "F16", "Q8_0")
+TENSOR_TYPES = ("F32", "F16", "Q8_0", "Q4_0")
 
 _LAYER_NAMES = {
     "input_layernorm": "attn_norm",
@@ -61,7 +61,7 @@ def write_gguf(
     folder: str | os.PathLike[str], out: str | os.PathLike[str], tensor_type: str = "F32"
 ) -> pathlib.Path:
     """Write the Llama Hugging Face folder `folder` (the examples' generator model) as a GGUF
-    file at `out` with its 2-D weights in `tensor_type` (F32, F16 or Q8_0); returns `out`."""
+    file at `out` with its 2-D weights in `tensor_type` (F32, F16, Q8_0, Q4_0); returns `out`."""
     import gguf
     import numpy as np
     from safetensors.numpy import load_file
@@ -81,9 +81,12 @@ def write_gguf(
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name(src.name)
     writer.add_file_type(
-        {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16}.get(
-            tensor_type, gguf.LlamaFileType.MOSTLY_Q8_0
-        )
+        {
+            "F32": gguf.LlamaFileType.ALL_F32,
+            "F16": gguf.LlamaFileType.MOSTLY_F16,
+            "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+            "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+        }[tensor_type]
     )
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])

@@ -72,7 +72,8 @@ class EngineArgs:
     # and reused by a later prompt that starts with the same tokens (kv_cache.py).
     enable_prefix_caching: bool = True
     # vLLM's key: "int8" keeps the linears' weights int8 (weight-only, per output channel:
-    # quant.py); None keeps them in `dtype`.
+    # quant.py; NNCF's compression on the openvino engine), "int4" (openvino engine: symmetric,
+    # in groups of up to 128 inputs); None keeps them in `dtype`.
     quantization: str | None = None
     # How `dtype` was chosen ("model.json", or why "auto" gave it); not a model.json key.
     dtype_source: str = "default"
@@ -179,21 +180,26 @@ def _kv_cache_dtype(raw: dict[str, Any], path: Path) -> str:
     return value
 
 
-# vLLM's `quantization` values the CPU engine runs (quant.py): weight-only int8.
-QUANTIZATIONS = ("int8",)
+# `quantization`, weight-only, per engine: int8 on both (quant.py; NNCF's weight compression for
+# OpenVINO), int4 on the openvino engine only (torch's CPU int4 matmul was far slower than float).
+QUANTIZATIONS = {"transformers": ("int8",), "openvino": ("int8", "int4")}
 
 
-def _quantization(raw: dict[str, Any], path: Path) -> str | None:
-    """vLLM's `quantization`: "int8" (weight-only, quant.py); vLLM's GPU methods are refused.
-    (Not imported from quant.py: reading model.json needs no torch.)"""
+def _quantization(raw: dict[str, Any], path: Path, engine: str) -> str | None:
+    """vLLM's `quantization` key: weight-only "int8" or "int4" where the engine runs it; vLLM's
+    GPU methods are refused. (Not imported from quant.py: reading model.json needs no torch.)"""
     value = raw.get("quantization")
     if value is None or value == "" or str(value).lower() == "none":
         return None
-    if str(value) not in QUANTIZATIONS:
+    if str(value) not in QUANTIZATIONS[engine]:
+        everywhere = sorted({q for values in QUANTIZATIONS.values() for q in values})
+        hint = f'the "{engine}" engine runs {", ".join(repr(q) for q in QUANTIZATIONS[engine])}' + (
+            "; 'int4' runs on engine \"openvino\"" if str(value) == "int4" else ""
+        )
         raise invalid_arg(
-            f"{path}: 'quantization' {value!r} is not supported by the CPU engine: use "
-            f"{', '.join(repr(k) for k in QUANTIZATIONS)} (weight-only int8), or leave it out "
-            "(vLLM's GPU methods such as awq, gptq, fp8, bitsandbytes need its CUDA kernels)"
+            f"{path}: 'quantization' {value!r} is not supported here: {hint} (weight-only "
+            f"{'/'.join(everywhere)}); leave it out for the model's own precision (vLLM's GPU "
+            "methods such as awq, gptq, fp8, bitsandbytes need its CUDA kernels)"
         )
     return str(value)
 
@@ -241,11 +247,7 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
     else:
         tokenizer = model
     engine = _engine(raw, path)
-    if gguf_model.is_gguf(model) and engine != "transformers":
-        raise invalid_arg(f"{path}: a GGUF 'model' runs on the \"transformers\" engine only")
-    quantization = _quantization(raw, path)
-    if quantization and engine != "transformers":
-        raise invalid_arg(f"{path}: 'quantization' runs on the \"transformers\" engine only")
+    quantization = _quantization(raw, path, engine)
     dtype = str(raw.get("dtype", "auto"))
     source = "model.json"
     if dtype == "auto":

@@ -94,3 +94,27 @@ def load_model(path: Path, dtype: Any, trust_remote_code: bool = False) -> Any:
         str(dtype).removeprefix("torch."),
     )
     return model
+
+
+# GGML types of 2-D weights and the weight-only quantization the openvino engine keeps them in:
+# 8-bit blocks stay int8; 4-bit ones int4; 5- and 6-bit ones int8 (int4 would lose more than
+# the file did).
+_KEPT_AS = {"Q8_0": "int8", "Q8_1": "int8", "Q8_K": "int8", "Q6_K": "int8", "Q5_0": "int8"}
+_KEPT_AS |= {"Q5_1": "int8", "Q5_K": "int8", "Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4"}
+
+
+def kept_quantization(path: Path) -> str | None:
+    """The weight-only quantization ("int8", "int4") that keeps the GGUF file's quantized
+    weights about as small as in the file (its most common quantized type decides); None for
+    a float file."""
+    quantized = [(count, name) for name, count in tensor_types(path).items() if name in _KEPT_AS]
+    return _KEPT_AS[max(quantized)[1]] if quantized else None
+
+
+def config_of(path: Path, trust_remote_code: bool = False) -> Any:
+    """The model's transformers config, read from the GGUF file's metadata."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(
+        path.parent, gguf_file=path.name, trust_remote_code=trust_remote_code
+    )

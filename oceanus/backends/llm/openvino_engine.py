@@ -13,6 +13,7 @@ seeds). What it cannot do is refused per request, naming the engine: guided deco
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import socket
@@ -22,6 +23,7 @@ from itertools import count
 from pathlib import Path
 from typing import Any
 
+from oceanus.backends.llm import gguf_model
 from oceanus.backends.llm.args import EngineArgs
 from oceanus.backends.llm.openvino_worker import KINDS, Add, Drop, Ready, Start, Stop, Tokens
 from oceanus.backends.llm.scheduler import Scheduler, Sequence
@@ -59,10 +61,14 @@ class OpenVinoEngine(Scheduler):
         from oceanus.backends.llm.openvino_export import check_architecture
 
         check_architecture(args.model)
-        tokenizer = AutoTokenizer.from_pretrained(
-            args.tokenizer, trust_remote_code=args.trust_remote_code
-        )
-        config = AutoConfig.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
+        remote = args.trust_remote_code
+        if gguf_model.is_gguf(args.model):
+            tokenizer = gguf_model.save_tokenizer(args.model, args.tokenizer, remote)
+            config = gguf_model.config_of(args.model, remote)
+            args = self._keep_gguf_quantization(args)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer, trust_remote_code=remote)
+            config = AutoConfig.from_pretrained(args.model, trust_remote_code=remote)
         super().__init__(args, tokenizer, config)
         precision = PRECISIONS[args.dtype]
         kv = precision if args.kv_cache_dtype == "auto" else PRECISIONS[args.kv_cache_dtype]
@@ -97,7 +103,8 @@ class OpenVinoEngine(Scheduler):
         child.close()
         self._channel = Channel(parent, KINDS)
         try:
-            self._channel.send(Start(str(args.model), scheduler, properties))
+            start = Start(str(args.model), scheduler, properties, args.quantization or "")
+            self._channel.send(start)
             ready = self._channel.recv()
         except (EOFError, OSError):
             ready = Ready(f"the engine process exited ({self._process.wait()})", "", 0.0)
@@ -107,13 +114,24 @@ class OpenVinoEngine(Scheduler):
             raise unavailable(f"the openvino engine failed to start: {detail}")
         self.ir_dir = ready.ir_dir
         self.export_s = ready.export_s
-        # The weights the worker compiled (the IR's .bin files, fp32 as traced).
+        # The weights the worker compiled (the IR's .bin files: fp32 as traced, or compressed).
         self.weights_bytes = sum(f.stat().st_size for f in Path(self.ir_dir).glob("*.bin"))
         self._rids = count(1)
         self._by_rid: dict[int, Sequence] = {}
         self._rid_of: dict[Sequence, int] = {}  # the ones sent (Sequence hashes by identity)
         self._dead = ""  # why the worker is gone, once it is
         self._start()
+
+    @staticmethod
+    def _keep_gguf_quantization(args: EngineArgs) -> EngineArgs:
+        """A quantized GGUF file's weights stay about as small as in the file: without
+        model.json's `quantization`, its 8-bit types become int8 and its 4-bit ones int4."""
+        if args.quantization is not None:
+            return args
+        kept = gguf_model.kept_quantization(args.model)
+        if kept is not None:
+            log.info("GGUF %s: quantized weights kept as %s (NNCF)", args.model.name, kept)
+        return dataclasses.replace(args, quantization=kept)
 
     # ---- the face ------------------------------------------------------------------------------
 

@@ -20,9 +20,11 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from oceanus.backends.llm import gguf_model
 from oceanus.core.errors import invalid_arg
 
 # Bump when the traced graph changes: cached folders of an older layout are traced again.
@@ -37,9 +39,10 @@ def cache_root() -> Path:
 
 
 def folder_key(model: Path) -> str:
-    """What identifies a model folder's contents: every file's name, size and mtime."""
+    """What identifies a model folder's contents (or a GGUF file's): every file's name, size
+    and mtime."""
     digest = hashlib.sha256(f"v{EXPORT_VERSION}:{model.resolve()}".encode())
-    for path in sorted(model.iterdir()):
+    for path in sorted(model.iterdir()) if model.is_dir() else [model]:
         if path.is_file():
             stat = path.stat()
             digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
@@ -47,8 +50,12 @@ def folder_key(model: Path) -> str:
 
 
 def check_architecture(model: Path) -> dict[str, Any]:
-    """The folder's config.json, or INVALID_ARG naming what this exporter takes."""
-    config: dict[str, Any] = json.loads((model / "config.json").read_text())
+    """The folder's config.json (a GGUF file's metadata as one), or INVALID_ARG naming what
+    this exporter takes."""
+    if gguf_model.is_gguf(model):
+        config: dict[str, Any] = gguf_model.config_of(model).to_dict()
+    else:
+        config = json.loads((model / "config.json").read_text())
     kind = config.get("model_type")
     if kind not in ARCHITECTURES:
         raise invalid_arg(
@@ -58,10 +65,22 @@ def check_architecture(model: Path) -> dict[str, Any]:
     return config
 
 
-def cached_ir(model: Path) -> tuple[Path, float]:
-    """The model's OpenVINO folder, traced on first use; returns it and the seconds spent."""
+def cached_ir(model: Path, quantization: str | None = None) -> tuple[Path, float]:
+    """The model's OpenVINO folder, traced on first use (and its weights compressed when
+    `quantization` is "int8" or "int4", from the cached fp32 one); returns it and the seconds
+    spent."""
     check_architecture(model)
     target = cache_root() / folder_key(model)
+    if quantization is None:
+        return _cached(target, lambda staging: export(model, staging))
+    plain, traced_s = cached_ir(model)
+    compressed = plain.with_name(f"{plain.name}-{quantization}")
+    folder, compress_s = _cached(compressed, lambda staging: compress(plain, staging, quantization))
+    return folder, traced_s + compress_s
+
+
+def _cached(target: Path, make: Callable[[Path], None]) -> tuple[Path, float]:
+    """`target`, made by `make(staging)` in a staging folder unless it is there already."""
     if (target / MODEL_XML).is_file():
         return target, 0.0
     began = time.monotonic()
@@ -69,7 +88,7 @@ def cached_ir(model: Path) -> tuple[Path, float]:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        export(model, staging)
+        make(staging)
         staging.rename(target)  # whole or not at all: a crash leaves only a .tmp folder
     except OSError:
         if not (target / MODEL_XML).is_file():
@@ -84,7 +103,10 @@ def export(model_dir: Path, target: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    hf: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if gguf_model.is_gguf(model_dir):  # dequantized to float32 here; compress() may requantize
+        hf: Any = gguf_model.load_model(model_dir, torch.float32).eval()
+    else:
+        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     config = hf.config
     layers = int(config.num_hidden_layers)
     heads = int(config.num_attention_heads)
@@ -112,9 +134,52 @@ def export(model_dir: Path, target: Path) -> None:
     model.reshape(shapes)
     _make_stateful(model, past_names, kv_heads, head_dim)
     ov.save_model(model, target / MODEL_XML, compress_to_fp16=False)
+    if gguf_model.is_gguf(model_dir):
+        config.save_pretrained(target)
+        return
     for name in ("config.json", "generation_config.json"):
         if (model_dir / name).is_file():
             shutil.copy(model_dir / name, target / name)
+
+
+def compress(plain: Path, target: Path, quantization: str) -> None:
+    """The traced model with weight-only int8 (asymmetric, per output channel) or int4
+    (symmetric, in groups along the input) weights, by NNCF's weight compression, which
+    OpenVINO's CPU plugin runs without dequantizing the whole matrix. For int4, NNCF keeps the
+    embedding and the head in int8, as OpenVINO's own int4 exports do."""
+    import logging
+
+    import nncf
+    import openvino as ov
+
+    nncf.set_log_level(logging.WARNING)  # not its per-layer statistics tables in the server's log
+    model = ov.Core().read_model(plain / MODEL_XML)
+    if quantization == "int8":
+        compressed = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
+    else:
+        config = json.loads((plain / "config.json").read_text())
+        compressed = nncf.compress_weights(
+            model,
+            mode=nncf.CompressWeightsMode.INT4_SYM,
+            group_size=int4_group(config),
+            ratio=1.0,
+        )
+    ov.save_model(compressed, target / MODEL_XML, compress_to_fp16=False)
+    for name in ("config.json", "generation_config.json"):
+        if (plain / name).is_file():
+            shutil.copy(plain / name, target / name)
+
+
+def int4_group(config: dict[str, Any]) -> int:
+    """The largest of 128, 64, 32 that divides every linear's input width (the hidden size,
+    the MLP's, the attention heads'); -1 (one scale per output channel) when none does."""
+    heads = int(config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    widths = (int(config["hidden_size"]), int(config["intermediate_size"]), heads * head_dim)
+    for group in (128, 64, 32):
+        if all(width % group == 0 for width in widths):
+            return group
+    return -1
 
 
 def _make_stateful(model: Any, past_names: list[str], kv_heads: int, head_dim: int) -> None:

@@ -24,6 +24,7 @@ class Start(NamedTuple):
     model: str  # the Hugging Face folder (traced to OpenVINO on first use)
     scheduler: dict[str, Any]  # SchedulerConfig fields
     properties: dict[str, Any]  # the CPU plugin's (precision, threads)
+    quantization: str = ""  # model.json's: "", "int8" or "int4" (weight compression)
     kind: int = 1
 
 
@@ -86,7 +87,7 @@ def serve(channel: Channel) -> None:
 
         from oceanus.backends.llm.openvino_export import cached_ir
 
-        ir_dir, export_s = cached_ir(Path(start.model))
+        ir_dir, export_s = cached_ir(Path(start.model), start.quantization or None)
         scheduler = genai.SchedulerConfig()
         for name, value in start.scheduler.items():
             setattr(scheduler, name, value)

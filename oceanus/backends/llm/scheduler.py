@@ -128,7 +128,9 @@ class Scheduler:
         """The load log's memory figures: dtype, weights, KV budget and the tokens it holds."""
         return (
             f"dtype {self.args.dtype} ({self.args.dtype_source}), weights "
-            f"{human(self.weights_bytes)}, {self.kv.describe()}"
+            f"{human(self.weights_bytes)}"
+            + (f" ({self.args.quantization} weight-only)" if self.args.quantization else "")
+            + f", {self.kv.describe()}"
         )
 
     def _start(self) -> None:
