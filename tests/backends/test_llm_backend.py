@@ -31,6 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from oceanus.examples.llm import cached_llm, write_llm_model
 
 sys.path.insert(0, str(Path(__file__).parent))
+from llm_bls_model import BLS_CONFIG, BLS_MODEL
 from llm_testlib import PROMPTS
 
 
@@ -52,56 +53,6 @@ def llm_server(tmp_path_factory: pytest.TempPathFactory, launch_module: Any) -> 
     (bls / "config.pbtxt").write_text(BLS_CONFIG)
     (bls / "1" / "model.py").write_text(BLS_MODEL)
     return launch_module([repo], ["--metrics-config", "histogram_latencies=true"])
-
-
-BLS_CONFIG = """
-name: "llm_bls"
-backend: "python"
-max_batch_size: 0
-input [ { name: "PROMPT" data_type: TYPE_STRING dims: [ 1 ] } ]
-output [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] },
-         { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-"""
-
-# Streams llm_tiny's answer through BLS (exec(decoupled=True)) and joins the pieces.
-BLS_MODEL = """
-import json
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            prompt = pb_utils.get_input_tensor_by_name(request, "PROMPT").as_numpy()
-            params = json.dumps({"max_tokens": 12, "temperature": 0})
-            inner = pb_utils.InferenceRequest(
-                model_name="llm_tiny",
-                requested_output_names=["text_output"],
-                inputs=[
-                    pb_utils.Tensor("text_input", prompt.astype(np.object_)),
-                    pb_utils.Tensor("stream", np.array([True])),
-                    pb_utils.Tensor("sampling_parameters", np.array([params.encode()], np.object_)),
-                ],
-            )
-            pieces = []
-            for response in inner.exec(decoupled=True):
-                if response.has_error():
-                    raise pb_utils.TritonModelException(response.error().message())
-                out = pb_utils.get_output_tensor_by_name(response, "text_output")
-                if out is not None:
-                    pieces.append(out.as_numpy()[0].decode())
-            responses.append(
-                pb_utils.InferenceResponse(
-                    [
-                        pb_utils.Tensor("TEXT", np.array(["".join(pieces).encode()], np.object_)),
-                        pb_utils.Tensor("COUNT", np.array([len(pieces)], np.int32)),
-                    ]
-                )
-            )
-        return responses
-"""
 
 
 @pytest.fixture(scope="module")
