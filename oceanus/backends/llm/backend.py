@@ -39,7 +39,12 @@ from oceanus.core.backend import (
     ResponseStream,
 )
 from oceanus.core.errors import InferenceServerError, invalid_arg
-from oceanus.core.generation import GenerationInfo, GenerationOutput, SamplingParams
+from oceanus.core.generation import (
+    GenerationInfo,
+    GenerationOutput,
+    PromptLogprob,
+    SamplingParams,
+)
 from oceanus.core.response_stream import Send, send_together
 
 log = logging.getLogger("oceanus.backends.llm")
@@ -133,6 +138,8 @@ class _Request:
     params: SamplingParams
     received_ns: int
     typed: bool = False  # a GenerationRequest: answered with GenerationOutputs, no tensors
+    prompt: list[int] | None = None  # its token ids (typed requests: for prompt logprobs)
+    prompt_logprobs: list[dict[int, tuple[float, int]]] | None = None  # not sent yet
     tokens_sent: int = 0
     pieces: list[str] = field(default_factory=list)  # non-streaming: the text so far
     logprobs: list[dict[int, float]] = field(default_factory=list)
@@ -229,6 +236,7 @@ class LlmInstance(RequestInstance):
                     params=compile_guide(typed.sampling),
                     received_ns=job.request.received_ns,
                     typed=True,
+                    prompt=typed.prompt_token_ids,
                 ),
                 typed.prompt_token_ids,
                 stream,
@@ -280,6 +288,8 @@ class LlmInstance(RequestInstance):
         if out.error is not None:
             self._outbox.append((state.stream, None, out.error, True, None))
             return
+        if out.prompt_logprobs is not None:
+            state.prompt_logprobs = out.prompt_logprobs  # sent with the next response
         if out.logprobs:
             state.logprobs.extend(out.logprobs)
             state.chosen.extend(out.token_ids)
@@ -305,7 +315,9 @@ class LlmInstance(RequestInstance):
             num_input_tokens=out.num_input_tokens,
             num_output_tokens=out.num_output_tokens - state.tokens_sent,
             logprobs=self._logprob_entries(state) if state.params.logprobs is not None else None,
+            prompt_logprobs=self._prompt_entries(state),
         )
+        state.prompt_logprobs = None
         return (state.stream, {}, None, out.finished, typed)
 
     def _logprob_entries(self, state: _Request) -> list[list[tuple[str, float]]]:
@@ -317,6 +329,17 @@ class LlmInstance(RequestInstance):
             ranked = sorted(top.items(), key=lambda kv: -kv[1])
             chosen = [(decode([token]), top.get(token, 0.0))]
             entries.append(chosen + [(decode([t]), lp) for t, lp in ranked if t != token])
+        return entries
+
+    def _prompt_entries(self, state: _Request) -> list[list[PromptLogprob]] | None:
+        """GenerationOutput.prompt_logprobs, from the first step's output."""
+        if state.prompt_logprobs is None or state.prompt is None:
+            return None
+        decode = self.engine.tokenizer.decode
+        first = state.prompt[0]
+        entries: list[list[PromptLogprob]] = [[(first, decode([first]), None, None)]]
+        for step in state.prompt_logprobs:
+            entries.append([(t, decode([t]), lp, rank) for t, (lp, rank) in step.items()])
         return entries
 
     def _outputs(self, state: _Request, out: StepOutput, text: str) -> dict[str, np.ndarray]:

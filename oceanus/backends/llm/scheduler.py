@@ -43,6 +43,9 @@ class StepOutput:
     num_output_tokens: int
     cumulative_logprob: float
     error: InferenceServerError | None = None
+    # With the first token of a sequence that asked for them: per prompt token after the first,
+    # {token id: (logprob, rank)}, the prompt's own token first.
+    prompt_logprobs: list[dict[int, tuple[float, int]]] | None = None
 
 
 @dataclass(eq=False)
@@ -67,6 +70,8 @@ class Sequence:
     guide: Any = None  # guide.Guide: structured output's grammar state (None: free text)
     # Prompt tokens whose KV came from the prefix cache (engine.py); None: not looked up yet.
     cached_tokens: int | None = None
+    # Filled by the prefill when the sampling parameters ask for prompt logprobs (engine.py).
+    prompt_logprobs: list[dict[int, tuple[float, int]]] = field(default_factory=list)
 
 
 @dataclass
@@ -297,6 +302,11 @@ class Scheduler:
                 num_input_tokens=len(seq.prompt),
                 num_output_tokens=len(seq.generated),
                 cumulative_logprob=seq.cumulative_logprob,
+                prompt_logprobs=(
+                    seq.prompt_logprobs
+                    if params.prompt_logprobs is not None and len(seq.generated) == 1
+                    else None
+                ),
             )
         )
 
