@@ -26,6 +26,7 @@ import transformers  # noqa: F401 - likewise
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.backends.llm.args import MODEL_JSON, EngineArgs, read_engine_args
+from oceanus.backends.llm.classifier import SCORE_INPUT, is_classifier
 from oceanus.backends.llm.engine import Engine
 from oceanus.backends.llm.metrics import LlmMetrics
 from oceanus.backends.llm.sampling import compile_guide, parse_sampling_parameters
@@ -96,6 +97,8 @@ class LlmBackend(Backend):
             for name, dtype, dims in OUTPUTS:
                 if name not in have_out:
                     config.output.add(name=name, data_type=dtype, dims=dims)
+            if _cross_encoder(model_path, config.name) and SCORE_INPUT not in have_in:
+                config.input.add(name=SCORE_INPUT, data_type=_S, dims=[1], optional=True)
             config.model_transaction_policy.decoupled = True
             config.max_batch_size = 0
         if not config.model_transaction_policy.decoupled:
@@ -113,9 +116,23 @@ class LlmBackend(Backend):
         from oceanus.backends.llm.embedder import EmbeddingInstance, is_embedding_model
 
         args = read_engine_args(context.files.version_dir, context.config.name)
-        if is_embedding_model(Path(args.model)):  # the model's own config says it embeds
+        if is_classifier(Path(args.model)):  # a cross-encoder: it scores pairs
+            from oceanus.backends.llm.classifier import ClassifierInstance
+
+            return ClassifierInstance(context)
+        # The model's own config says it embeds, or model.json asks a decoder to (vLLM's
+        # runner "pooling").
+        if args.runner == "pooling" or is_embedding_model(Path(args.model)):
             return EmbeddingInstance(context)
         return LlmInstance(context)
+
+
+def _cross_encoder(model_file: Path, name: str) -> bool:
+    """Whether the newest version's model.json names a `*ForSequenceClassification` folder."""
+    try:
+        return is_classifier(Path(read_engine_args(model_file.parent, name).model))
+    except InferenceServerError:
+        return False  # the load says what is wrong
 
 
 def make_engine(args: EngineArgs, threads: int | None) -> Scheduler:
