@@ -156,6 +156,9 @@ class Scheduler:
         for a prompt that cannot fit."""
         if not prompt:
             raise invalid_arg("the prompt is empty")
+        if max(prompt) >= self.vocab or min(prompt) < 0:  # it would fail the whole batch's step
+            bad = next(t for t in prompt if not 0 <= t < self.vocab)
+            raise invalid_arg(f"Token id {bad} is out of vocabulary")
         if len(prompt) >= self.max_len:
             raise invalid_arg(
                 f"the prompt has {len(prompt)} tokens; this model's max_model_len is "

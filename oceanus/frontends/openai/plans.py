@@ -304,6 +304,9 @@ def _prompts(
         else:
             if tokenizer is None:
                 raise bad_request("token id prompts need the model's tokenizer", "prompt")
+            outside = [token for token in item if token >= tokenizer.vocab_size]
+            if outside:  # vLLM's words; the engine would fail on it
+                raise bad_request(f"Token id {outside[0]} is out of vocabulary", "prompt")
             found.append((tokenizer.decode(item), list(item)))
     return found
 
