@@ -358,7 +358,12 @@ def completion_plan(
         logprobs=top,
         keep=body.n if best_of is not None else None,
         show_logprobs=body.logprobs is not None,
-        prompt_logprobs=body.prompt_logprobs if typed else None,
+        # vLLM shows the field when asked, and with echo's logprobs, which it computed.
+        prompt_logprobs=(
+            (body.prompt_logprobs if body.prompt_logprobs is not None else echoed)
+            if typed
+            else None
+        ),
         typed=typed,
         id=f"cmpl-{uuid.uuid4().hex}",
     )

@@ -57,6 +57,8 @@ def test_echo_with_logprobs_scores_the_prompt(llm_server: Any, client_of: Any) -
     assert choice.text == PROMPT + plain.text
     assert logprobs.token_logprobs[len(ids) :] == plain.logprobs.token_logprobs
     assert getattr(plain, "prompt_logprobs", None) is None
+    # vLLM's field comes with echo's logprobs too (it computed them)
+    assert len(choice.model_extra["prompt_logprobs"]) == len(ids)
 
 
 def test_echo_with_logprobs_streamed(client_of: Any) -> None:
