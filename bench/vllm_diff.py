@@ -16,7 +16,10 @@ Hermes' format. vLLM is started with ../shared/vllm-reference/start.sh (its READ
 with --vllm-url; Oceanus with `python -m oceanus serve`, or --oceanus-url.
 
     python bench/vllm_diff.py [--size 100m] [--vllm-url http://127.0.0.1:18791]
-                              [--oceanus-url URL] [--only chat_,cmpl_]
+                              [--oceanus-url URL] [--only chat_,cmpl_] [--cross-encoder]
+
+--cross-encoder probes /score and /rerank on a cross-encoder instead (oceanus/examples/
+cross_encoder.py's BertForSequenceClassification; the scores are compared within 1e-4).
 
 Prints a table of the cases that differ and writes bench/results/vllm_diff-<timestamp>.json.
 """
@@ -38,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import benchlib
-from vllm_diff_cases import Case, cases
+from vllm_diff_cases import Case, cases, scoring_cases
 
 ROOT = Path(__file__).resolve().parents[1]
 START_SH = ROOT.parent / "shared" / "vllm-reference" / "start.sh"
@@ -237,6 +240,24 @@ def _stream_text(events: list[Any]) -> str:
     return text
 
 
+def _scores(document: Any) -> list[tuple[int, float]]:
+    """(index, score) of a score or rerank reply, in its order."""
+    if not isinstance(document, dict):
+        return []
+    rows = [(d.get("index"), d.get("score")) for d in document.get("data") or []]
+    rows += [(r.get("index"), r.get("relevance_score")) for r in document.get("results") or []]
+    return [(int(i), float(v)) for i, v in rows if isinstance(v, (int, float))]
+
+
+def _score_diff(vllm: Any, ours: Any) -> list[str]:
+    """Scores (and rerank's order) equal within 1e-4."""
+    theirs, mine = _scores(vllm), _scores(ours)
+    if [i for i, _ in theirs] != [i for i, _ in mine]:
+        return [f"order: vLLM {theirs}, Oceanus {mine}"]
+    worst = max((abs(a - b) for (_, a), (_, b) in zip(theirs, mine, strict=True)), default=0.0)
+    return [f"scores differ by up to {worst:.2g}"] if worst > 1e-4 else []
+
+
 def compare(case: Case, vllm: dict[str, Any], ours: dict[str, Any]) -> list[str]:
     body = case[3] if isinstance(case[3], dict) else {}
     greedy = body.get("temperature") == 0 and vllm["status"] == 200 == ours["status"]
@@ -258,6 +279,7 @@ def compare(case: Case, vllm: dict[str, Any], ours: dict[str, Any]) -> list[str]
                         found.append(
                             f"usage.{key}: vLLM {usage_v[key]}, Oceanus {usage_o.get(key)}"
                         )
+        found += _score_diff(vllm["json"], ours["json"])
     elif "events" in vllm and "events" in ours:
         signatures_v, signatures_o = _folded(vllm["events"]), _folded(ours["events"])
         if signatures_v != signatures_o:
@@ -278,9 +300,9 @@ def compare(case: Case, vllm: dict[str, Any], ours: dict[str, Any]) -> list[str]
 # ---- the run ---------------------------------------------------------------------------------
 
 
-def run(vllm_url: str, oceanus_url: str, only: list[str]) -> list[dict[str, Any]]:
+def run(vllm_url: str, oceanus_url: str, only: list[str], scoring: bool) -> list[dict[str, Any]]:
     rows = []
-    for case in cases():
+    for case in scoring_cases() if scoring else cases():
         if only and not any(case[0].startswith(prefix) for prefix in only):
             continue
         vllm, ours = send(vllm_url, case), send(oceanus_url, case)
@@ -340,10 +362,21 @@ def main() -> None:
     parser.add_argument("--vllm-url", help="a vLLM already serving the model as 'ref'")
     parser.add_argument("--oceanus-url", help="an Oceanus already serving the model as 'ref'")
     parser.add_argument("--only", default="", help="comma-separated case name prefixes")
+    parser.add_argument(
+        "--cross-encoder",
+        action="store_true",
+        help="score and rerank on oceanus/examples/cross_encoder.py's model instead",
+    )
     args = parser.parse_args()
-    from oceanus.examples.llm import cached_llm
+    if args.cross_encoder:
+        from oceanus.examples.cross_encoder import write_hf_cross_encoder
 
-    folder = cached_llm(args.size)
+        folder = write_hf_cross_encoder(Path(tempfile.mkdtemp(prefix="vllm-diff-ce-")))
+        VLLM_FLAGS[:] = ["--dtype", "float32"]
+    else:
+        from oceanus.examples.llm import cached_llm
+
+        folder = cached_llm(args.size)
     only = [p for p in args.only.split(",") if p]
     with contextlib.ExitStack() as stack:
         vllm_url = args.vllm_url or stack.enter_context(vllm_server(folder, benchlib.free_port()))
@@ -351,10 +384,11 @@ def main() -> None:
         oceanus_url = args.oceanus_url or stack.enter_context(
             oceanus_server(folder, benchlib.free_port(), log)
         )
-        rows = run(vllm_url, oceanus_url, only)
+        rows = run(vllm_url, oceanus_url, only, args.cross_encoder)
     report(rows)
     out = ROOT / "bench" / "results" / f"vllm_diff-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"model": args.size, "rows": rows}, indent=1, default=str))
+    model = "cross-encoder" if args.cross_encoder else args.size
+    out.write_text(json.dumps({"model": model, "rows": rows}, indent=1, default=str))
     print(f"wrote {out.relative_to(ROOT)}")
 
 

@@ -275,3 +275,42 @@ def cases() -> list[Case]:
         ("unknown_route", "POST", "/v1/nothing", {"model": M}),
     ]
     return found
+
+
+QUERY = "What is the weather like in Paris?"
+DOCUMENTS = ["It is sunny and warm in Paris", "Stock prices fell", "The weather is cold"]
+
+
+def scoring_cases() -> list[Case]:
+    """For a cross-encoder (oceanus/examples/cross_encoder.py) served as `ref`."""
+    rerank = {"model": M, "query": QUERY, "documents": DOCUMENTS}
+    return [
+        ("score", "POST", "/v1/score", {"model": M, "text_1": QUERY, "text_2": DOCUMENTS}),
+        ("score_one", "POST", "/score", {"model": M, "text_1": QUERY, "text_2": DOCUMENTS[0]}),
+        (
+            "score_pairwise",
+            "POST",
+            "/v1/score",
+            {"model": M, "text_1": [QUERY, QUERY], "text_2": DOCUMENTS[:2]},
+        ),
+        (
+            "score_mismatch",
+            "POST",
+            "/v1/score",
+            {"model": M, "text_1": [QUERY, QUERY], "text_2": DOCUMENTS},
+        ),
+        (
+            "score_unknown_model",
+            "POST",
+            "/v1/score",
+            {"model": "nothing", "text_1": "a", "text_2": "b"},
+        ),
+        ("rerank", "POST", "/v1/rerank", rerank),
+        ("rerank_top_n", "POST", "/rerank", {**rerank, "top_n": 2}),
+        ("rerank_v2", "POST", "/v2/rerank", rerank),
+        ("rerank_no_documents", "POST", "/v1/rerank", {**rerank, "documents": []}),
+        ("rerank_missing_query", "POST", "/v1/rerank", {"model": M, "documents": DOCUMENTS}),
+        ("embeddings_on_scorer", "POST", "/v1/embeddings", {"model": M, "input": "hi"}),
+        ("chat_on_scorer", "POST", "/v1/chat/completions", {"model": M, "messages": HI}),
+        ("models", "GET", "/v1/models", None),
+    ]

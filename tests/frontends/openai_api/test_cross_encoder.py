@@ -71,6 +71,14 @@ def test_rerank_best_first(llm_server: Any, path: str) -> None:
     assert ranked["id"] and ranked["model"] == "reranker"
 
 
+def test_listed_with_its_context(llm_server: Any) -> None:
+    """As vLLM lists it: the folder's max_position_embeddings."""
+    from oceanus.examples.cross_encoder import MAX_LENGTH
+
+    status, listed = call(llm_server, "GET", "/v1/models/reranker")
+    assert status == 200 and json.loads(listed)["max_model_len"] == MAX_LENGTH
+
+
 def test_a_classifier_with_several_labels_cannot_score(llm_server: Any) -> None:
     body = {"model": "classifier3", "query": QUERY, "documents": DOCUMENTS}
     status, refused = _json(llm_server, "/v1/rerank", body)
