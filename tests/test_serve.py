@@ -70,6 +70,9 @@ def test_vllm_flags_map_to_model_json_and_gpu_flags_are_ignored() -> None:
     off = model_json(parse_args(["m", "--no-enable-prefix-caching"])[0])
     assert off["enable_prefix_caching"] is False
     assert "enable_prefix_caching" not in model_json(parse_args(["m"])[0])  # on, vLLM's default
+    assert model_json(parse_args(["m", "--runner", "pooling"])[0])["runner"] == "pooling"
+    assert model_json(parse_args(["m", "--task", "embed"])[0])["task"] == "embed"
+    assert "runner" not in model_json(parse_args(["m"])[0])
 
 
 def test_lora_flags_reach_model_json() -> None:
