@@ -160,6 +160,9 @@ def model_json(settings: ServeSettings) -> dict[str, Any]:
             document[key] = value
     if settings.trust_remote_code:
         document["trust_remote_code"] = True
+    for key in ("runner", "task"):  # args.py checks them
+        if getattr(settings, key) != "auto":
+            document[key] = getattr(settings, key)
     if settings.no_enable_prefix_caching:
         document["enable_prefix_caching"] = False
     if settings.kv_cache_dtype.startswith("fp8"):

@@ -123,6 +123,17 @@ class ServeSettings:
         "(awq, gptq, fp8, ...) fail the load: model.json quantization",
         MODEL,
     )
+    runner: str = setting(
+        "auto",
+        "--runner",
+        "pooling: serve a generating model as an embedding model (last token, normalized)",
+        MODEL,
+        parse=choice("auto", "generate", "pooling"),
+        metavar="auto|generate|pooling",
+    )
+    task: str = setting(
+        "auto", "--task", "vLLM's older flag: embed is --runner pooling", MODEL, metavar="TASK"
+    )
     trust_remote_code: bool = setting(
         False, "--trust-remote-code", "let transformers run the folder's own code", MODEL, bare=True
     )

@@ -73,6 +73,9 @@ def test_vllm_flags_map_to_model_json_and_gpu_flags_are_ignored() -> None:
     quantized = model_json(parse_args(["m", "-q", "int4", "--engine", "openvino"])[0])
     assert (quantized["quantization"], quantized["engine"]) == ("int4", "openvino")
     assert "quantization" not in model_json(parse_args(["m"])[0])
+    assert model_json(parse_args(["m", "--runner", "pooling"])[0])["runner"] == "pooling"
+    assert model_json(parse_args(["m", "--task", "embed"])[0])["task"] == "embed"
+    assert "runner" not in model_json(parse_args(["m"])[0])
 
 
 def test_lora_flags_reach_model_json() -> None:

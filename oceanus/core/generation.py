@@ -36,6 +36,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None  # how many top alternatives per token (0: only the chosen one)
+    # vLLM's: the prompt's tokens' logprobs with this many alternatives (None: not computed; the
+    # engine then keeps the LM head to the prompt's last row, as for every other request).
+    prompt_logprobs: int | None = None
     # Structured output as asked: the JSON text of vLLM's GuidedDecodingParams.
     guided_decoding: str | None = None
     # The llguidance grammar the engine compiled from `guided_decoding` (the backend sets it).
@@ -113,13 +116,15 @@ class SamplingParams:
                 problems.append(f"{name} must be in [-2, 2], got {value}")
         if any(not -100 <= bias <= 100 for _, bias in self.logit_bias):
             problems.append("logit_bias values must be in [-100, 100]")
-        if self.logprobs is not None and self.logprobs < 0:
-            problems.append(f"logprobs must be non-negative, got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                problems.append(f"{name} must be non-negative, got {value}")
         if problems:
             raise invalid_arg("invalid sampling parameters: " + "; ".join(problems))
 
 
-_INT = ("max_tokens", "min_tokens", "top_k", "seed", "logprobs")
+_INT = ("max_tokens", "min_tokens", "top_k", "seed", "logprobs", "prompt_logprobs")
 _FLOAT = ("temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 # vLLM SamplingParams fields a client may send that change nothing here.
 _IGNORED = frozenset(
@@ -131,7 +136,6 @@ _IGNORED = frozenset(
         "skip_special_tokens",
         "spaces_between_special_tokens",
         "min_p",
-        "prompt_logprobs",
         "detokenize",
         "lora_name",
         "use_beam_search",
@@ -185,6 +189,10 @@ class GenerationRequest:
     return_logprobs: bool = False
 
 
+# (token id, token text, logprob, rank in the vocabulary from 1)
+PromptLogprob = tuple[int, str, float | None, int | None]
+
+
 @dataclass(slots=True)
 class GenerationOutput:
     """One response of an engine to a `GenerationRequest`."""
@@ -196,6 +204,10 @@ class GenerationOutput:
     # Per new token: (token text, logprob) of the chosen token first, then the alternatives
     # from the most likely down (None: logprobs were not asked for).
     logprobs: list[list[tuple[str, float]]] | None = None
+    # In the first response of a request with `prompt_logprobs`: per prompt token, (id, text,
+    # logprob, rank) of that token first, then its alternatives from the most likely down. The
+    # first token's logprob and rank are None (nothing precedes it), as vLLM's are.
+    prompt_logprobs: list[list[PromptLogprob]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

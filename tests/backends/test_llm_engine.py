@@ -223,3 +223,15 @@ def test_a_kv_cache_dtype_the_cpu_engine_lacks_is_refused(tmp_path: Path, value:
     with pytest.raises(InferenceServerError) as caught:
         read_engine_args(tmp_path, "llm")
     assert f"'kv_cache_dtype' '{value}' is not supported" in caught.value.message
+
+
+def test_a_token_id_out_of_the_vocabulary_is_refused_at_submit() -> None:
+    """Not in a step, where the embedding lookup's failure would fail every running sequence."""
+    folder = cached_llm("tiny")
+    engine = Engine(EngineArgs(model=folder, tokenizer=folder))
+    try:
+        with pytest.raises(InferenceServerError) as caught:
+            engine.submit([1, engine.vocab], SamplingParams(max_tokens=1), lambda _out: None)
+        assert "out of vocabulary" in caught.value.message
+    finally:
+        engine.close()

@@ -75,6 +75,10 @@ class EngineArgs:
     # quant.py; NNCF's compression on the openvino engine), "int4" (openvino engine: symmetric,
     # in groups of up to 128 inputs); None keeps them in `dtype`.
     quantization: str | None = None
+    # vLLM's `runner`: "generate" / "auto" (what the model's architecture says), or "pooling":
+    # a generating model served as an embedding model (embedder.py: the last token's hidden
+    # state, normalized, as vLLM pools a decoder). vLLM's older `task: "embed"` means "pooling".
+    runner: str = "auto"
     # How `dtype` was chosen ("model.json", or why "auto" gave it); not a model.json key.
     dtype_source: str = "default"
 
@@ -100,6 +104,7 @@ def _refuse_lora(raw: dict[str, Any], path: Path) -> None:
 
 # Not model.json keys.
 _INTERNAL = frozenset({"dtype_source"})
+_ALSO_READ = frozenset({"task"})  # vLLM's older name of `runner`
 
 # CPU flags with fast bfloat16 dot products (oneDNN's bf16 matmuls): AVX512-BF16, AMX.
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -227,10 +232,14 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
     if not isinstance(raw, dict) or not isinstance(raw.get("model"), str):
         raise invalid_arg(f"{path}: a JSON object with a 'model' string is required")
     _refuse_lora(raw, path)
-    known = ({f for f in EngineArgs.__dataclass_fields__} - _INTERNAL) | {
-        "enable_lora",
-        "lora_modules",
-    }
+    known = (
+        ({f for f in EngineArgs.__dataclass_fields__} - _INTERNAL)
+        | _ALSO_READ
+        | {
+            "enable_lora",
+            "lora_modules",
+        }
+    )
     for key in sorted(raw):
         if key in NOT_APPLIED:
             log.info("model '%s': %s key '%s' is not applied yet", model_name, MODEL_JSON, key)
@@ -279,5 +288,21 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
         block_size=_int(raw, "block_size", 16) or 16,
         enable_prefix_caching=str(raw.get("enable_prefix_caching", True)).lower() != "false",
         quantization=quantization,
+        runner=_runner(raw, path),
         dtype_source=source,
     )
+
+
+def _runner(raw: dict[str, Any], path: Path) -> str:
+    """vLLM's `runner` (auto, generate, pooling), or its older `task` (embed: pooling)."""
+    runner = str(raw.get("runner", "auto"))
+    if runner not in ("auto", "generate", "pooling"):
+        raise invalid_arg(f"{path}: runner must be auto, generate or pooling, got {runner!r}")
+    task = str(raw.get("task", "auto"))
+    if task not in ("auto", "generate", "embed", "embedding"):
+        raise invalid_arg(f"{path}: task must be auto, generate or embed, got {task!r}")
+    if task in ("embed", "embedding"):
+        if runner == "generate":
+            raise invalid_arg(f"{path}: task {task!r} needs runner 'pooling', not 'generate'")
+        return "pooling"
+    return runner if task == "auto" else "generate"

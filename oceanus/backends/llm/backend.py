@@ -26,6 +26,7 @@ import transformers  # noqa: F401 - likewise
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.backends.llm.args import MODEL_JSON, EngineArgs, read_engine_args
+from oceanus.backends.llm.classifier import SCORE_INPUT, is_classifier
 from oceanus.backends.llm.engine import Engine
 from oceanus.backends.llm.metrics import LlmMetrics
 from oceanus.backends.llm.sampling import compile_guide, parse_sampling_parameters
@@ -39,7 +40,12 @@ from oceanus.core.backend import (
     ResponseStream,
 )
 from oceanus.core.errors import InferenceServerError, invalid_arg
-from oceanus.core.generation import GenerationInfo, GenerationOutput, SamplingParams
+from oceanus.core.generation import (
+    GenerationInfo,
+    GenerationOutput,
+    PromptLogprob,
+    SamplingParams,
+)
 from oceanus.core.response_stream import Send, send_together
 
 log = logging.getLogger("oceanus.backends.llm")
@@ -91,6 +97,8 @@ class LlmBackend(Backend):
             for name, dtype, dims in OUTPUTS:
                 if name not in have_out:
                     config.output.add(name=name, data_type=dtype, dims=dims)
+            if _cross_encoder(model_path, config.name) and SCORE_INPUT not in have_in:
+                config.input.add(name=SCORE_INPUT, data_type=_S, dims=[1], optional=True)
             config.model_transaction_policy.decoupled = True
             config.max_batch_size = 0
         if not config.model_transaction_policy.decoupled:
@@ -108,9 +116,23 @@ class LlmBackend(Backend):
         from oceanus.backends.llm.embedder import EmbeddingInstance, is_embedding_model
 
         args = read_engine_args(context.files.version_dir, context.config.name)
-        if is_embedding_model(Path(args.model)):  # the model's own config says it embeds
+        if is_classifier(Path(args.model)):  # a cross-encoder: it scores pairs
+            from oceanus.backends.llm.classifier import ClassifierInstance
+
+            return ClassifierInstance(context)
+        # The model's own config says it embeds, or model.json asks a decoder to (vLLM's
+        # runner "pooling").
+        if args.runner == "pooling" or is_embedding_model(Path(args.model)):
             return EmbeddingInstance(context)
         return LlmInstance(context)
+
+
+def _cross_encoder(model_file: Path, name: str) -> bool:
+    """Whether the newest version's model.json names a `*ForSequenceClassification` folder."""
+    try:
+        return is_classifier(Path(read_engine_args(model_file.parent, name).model))
+    except InferenceServerError:
+        return False  # the load says what is wrong
 
 
 def make_engine(args: EngineArgs, threads: int | None) -> Scheduler:
@@ -133,6 +155,8 @@ class _Request:
     params: SamplingParams
     received_ns: int
     typed: bool = False  # a GenerationRequest: answered with GenerationOutputs, no tensors
+    prompt: list[int] | None = None  # its token ids (typed requests: for prompt logprobs)
+    prompt_logprobs: list[dict[int, tuple[float, int]]] | None = None  # not sent yet
     tokens_sent: int = 0
     pieces: list[str] = field(default_factory=list)  # non-streaming: the text so far
     logprobs: list[dict[int, float]] = field(default_factory=list)
@@ -229,6 +253,7 @@ class LlmInstance(RequestInstance):
                     params=compile_guide(typed.sampling),
                     received_ns=job.request.received_ns,
                     typed=True,
+                    prompt=typed.prompt_token_ids,
                 ),
                 typed.prompt_token_ids,
                 stream,
@@ -280,6 +305,8 @@ class LlmInstance(RequestInstance):
         if out.error is not None:
             self._outbox.append((state.stream, None, out.error, True, None))
             return
+        if out.prompt_logprobs is not None:
+            state.prompt_logprobs = out.prompt_logprobs  # sent with the next response
         if out.logprobs:
             state.logprobs.extend(out.logprobs)
             state.chosen.extend(out.token_ids)
@@ -305,7 +332,9 @@ class LlmInstance(RequestInstance):
             num_input_tokens=out.num_input_tokens,
             num_output_tokens=out.num_output_tokens - state.tokens_sent,
             logprobs=self._logprob_entries(state) if state.params.logprobs is not None else None,
+            prompt_logprobs=self._prompt_entries(state),
         )
+        state.prompt_logprobs = None
         return (state.stream, {}, None, out.finished, typed)
 
     def _logprob_entries(self, state: _Request) -> list[list[tuple[str, float]]]:
@@ -317,6 +346,17 @@ class LlmInstance(RequestInstance):
             ranked = sorted(top.items(), key=lambda kv: -kv[1])
             chosen = [(decode([token]), top.get(token, 0.0))]
             entries.append(chosen + [(decode([t]), lp) for t, lp in ranked if t != token])
+        return entries
+
+    def _prompt_entries(self, state: _Request) -> list[list[PromptLogprob]] | None:
+        """GenerationOutput.prompt_logprobs, from the first step's output."""
+        if state.prompt_logprobs is None or state.prompt is None:
+            return None
+        decode = self.engine.tokenizer.decode
+        first = state.prompt[0]
+        entries: list[list[PromptLogprob]] = [[(first, decode([first]), None, None)]]
+        for step in state.prompt_logprobs:
+            entries.append([(t, decode([t]), lp, rank) for t, (lp, rank) in step.items()])
         return entries
 
     def _outputs(self, state: _Request, out: StepOutput, text: str) -> dict[str, np.ndarray]:

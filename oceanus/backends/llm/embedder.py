@@ -47,9 +47,13 @@ def is_embedding_model(folder: Path) -> bool:
 
 
 def pooling_of(folder: Path) -> tuple[str, bool]:
-    """(pooling mode, normalize) from the sentence-transformers files (default: mean, no)."""
+    """(pooling mode, normalize) from the sentence-transformers files. Without them: mean, not
+    normalized, for an encoder; the last token, normalized, for a decoder (a generating
+    architecture served with vLLM's runner "pooling"), as vLLM pools a decoder."""
     modules = _read(folder / "modules.json") or []
     mode, normalize = "mean", False
+    if not modules and not is_embedding_model(folder):
+        return "last", True
     for module in modules:
         kind = str(module.get("type", ""))
         if kind.endswith("Normalize"):

@@ -109,7 +109,8 @@ class Engine(Scheduler):
         are copied into its range and its prefill starts after them. A prompt found whole still
         computes its last token, whose logits give the first output token (as vLLM does)."""
         seq.cached_tokens = 0
-        if not self.cache.prefix_caching:
+        # Prompt logprobs need every prompt row's logits: such a prompt is computed whole.
+        if not self.cache.prefix_caching or seq.params.prompt_logprobs is not None:
             return
         entry, cached = self.cache.lookup(seq.prompt)
         cached = min(cached, len(seq.prompt) - 1)
@@ -215,16 +216,28 @@ class Engine(Scheduler):
             torch.tensor(q_seq, dtype=torch.long), positions[0], key_seq, key_pos, self.dtype
         )
         # Only the rows of prompts that end in this pass need logits (the LM head over every
-        # prompt token would cost as much as a layer or two).
+        # prompt token would cost as much as a layer or two), and every row of a prompt whose
+        # request asked for prompt logprobs.
         done: list[Sequence] = []
+        done_rows: list[int] = []  # indices into `rows`
+        wants: list[tuple[Sequence, int, int, int]] = []  # (seq, index into rows, start, length)
         rows: list[int] = []
         last = -1
         for seq, chunk in zip(seqs, chunks, strict=True):
+            first_row = last + 1
             last += len(chunk)
+            start = seq.prefilled
             seq.prefilled += len(chunk)
             self.counters.prompt_tokens += len(chunk)
-            if seq.prefilled == len(seq.prompt):
+            if seq.params.prompt_logprobs is not None:
+                wants.append((seq, len(rows), start, len(chunk)))
+                rows += range(first_row, last + 1)
+                if seq.prefilled == len(seq.prompt):
+                    done.append(seq)
+                    done_rows.append(len(rows) - 1)
+            elif seq.prefilled == len(seq.prompt):
                 done.append(seq)
+                done_rows.append(len(rows))
                 rows.append(last)
         kwargs: dict[str, Any] = {self._cache_kw: self.cache}
         if self.row_attention:
@@ -241,8 +254,30 @@ class Engine(Scheduler):
             use_cache=True,
             **kwargs,
         ).logits[0]
+        kept = (logits if self._keep_kw else logits[rows]).float()
+        for seq, index, start, length in wants:
+            self._prompt_logprobs(seq, kept[index : index + length], start)
         if done:
-            self._emit(done, (logits if self._keep_kw else logits[rows]).float())
+            self._emit(done, kept[done_rows] if wants else kept)
+
+    def _prompt_logprobs(self, seq: Sequence, logits: torch.Tensor, start: int) -> None:
+        """The logprobs of the prompt tokens that rows `start`.. predict (row i predicts token
+        i + 1), with each one's rank in the vocabulary and the `prompt_logprobs` likeliest."""
+        top = seq.params.prompt_logprobs or 0
+        targets = seq.prompt[start + 1 : start + 1 + len(logits)]
+        if not targets:
+            return
+        logprobs = torch.log_softmax(logits[: len(targets)], dim=-1)
+        wanted = torch.tensor(targets, dtype=torch.long)[:, None]
+        chosen = logprobs.gather(1, wanted)
+        ranks = (logprobs > chosen).sum(-1) + 1
+        values, indices = torch.topk(logprobs, top) if top else (None, None)
+        for row, token in enumerate(targets):
+            step = {token: (float(chosen[row, 0]), int(ranks[row]))}
+            if values is not None and indices is not None:
+                for rank, (t, v) in enumerate(zip(indices[row], values[row], strict=True)):
+                    step.setdefault(int(t), (float(v), rank + 1))
+            seq.prompt_logprobs.append(step)
 
     def _decode(self, seqs: list[Sequence]) -> None:
         seqs = sorted(seqs, key=lambda s: s.slot)  # a stable order: the same batch each step

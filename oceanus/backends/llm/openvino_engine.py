@@ -146,6 +146,11 @@ class OpenVinoEngine(Scheduler):
             )
         if params.logit_bias:
             raise invalid_arg("logit_bias is not supported by engine 'openvino' (model.json)")
+        if params.prompt_logprobs is not None:
+            raise invalid_arg(
+                "prompt logprobs (echo with logprobs, prompt_logprobs) are not supported by "
+                "engine 'openvino' (model.json): use engine 'transformers'"
+            )
         if params.logprobs is not None and params.logprobs > 1:
             raise invalid_arg(
                 "engine 'openvino' reports the chosen token's log probability only: "

@@ -43,6 +43,9 @@ class StepOutput:
     num_output_tokens: int
     cumulative_logprob: float
     error: InferenceServerError | None = None
+    # With the first token of a sequence that asked for them: per prompt token after the first,
+    # {token id: (logprob, rank)}, the prompt's own token first.
+    prompt_logprobs: list[dict[int, tuple[float, int]]] | None = None
 
 
 @dataclass(eq=False)
@@ -67,6 +70,8 @@ class Sequence:
     guide: Any = None  # guide.Guide: structured output's grammar state (None: free text)
     # Prompt tokens whose KV came from the prefix cache (engine.py); None: not looked up yet.
     cached_tokens: int | None = None
+    # Filled by the prefill when the sampling parameters ask for prompt logprobs (engine.py).
+    prompt_logprobs: list[dict[int, tuple[float, int]]] = field(default_factory=list)
 
 
 @dataclass
@@ -153,6 +158,9 @@ class Scheduler:
         for a prompt that cannot fit."""
         if not prompt:
             raise invalid_arg("the prompt is empty")
+        if max(prompt) >= self.vocab or min(prompt) < 0:  # it would fail the whole batch's step
+            bad = next(t for t in prompt if not 0 <= t < self.vocab)
+            raise invalid_arg(f"Token id {bad} is out of vocabulary")
         if len(prompt) >= self.max_len:
             raise invalid_arg(
                 f"the prompt has {len(prompt)} tokens; this model's max_model_len is "
@@ -299,6 +307,11 @@ class Scheduler:
                 num_input_tokens=len(seq.prompt),
                 num_output_tokens=len(seq.generated),
                 cumulative_logprob=seq.cumulative_logprob,
+                prompt_logprobs=(
+                    seq.prompt_logprobs
+                    if params.prompt_logprobs is not None and len(seq.generated) == 1
+                    else None
+                ),
             )
         )
 

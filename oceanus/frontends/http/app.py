@@ -90,7 +90,9 @@ class HttpFrontend:
         # Routing is strict, as in Triton: no trailing slashes, versions are digits.
         parts = request.path.split("/")[1:]
         # /v1/..., and vLLM's /health, /version, /tokenize and /detokenize beside them
-        if parts and parts[0] in _OPENAI_HEADS and self.openai is not None:
+        if self.openai is not None and (
+            (parts and parts[0] in _OPENAI_HEADS) or request.path == "/v2/rerank"
+        ):  # /v2/rerank is vLLM's (Cohere's v2 shape), no KServe route
             return self.openai(request)
         if not parts or parts[0] != "v2":
             raise HttpError(404, "Not Found")

@@ -60,7 +60,7 @@ _GROUPS |= {"score": "inference", "rerank": "inference"}
 # vLLM's routes outside /v1, and their --http-restricted-api groups.
 SERVER_ROUTES = {"/health": "health", "/version": "metadata"}
 SERVER_ROUTES |= {"/tokenize": "inference", "/detokenize": "inference"}
-SERVER_ROUTES |= {"/score": "inference", "/rerank": "inference"}
+SERVER_ROUTES |= {"/score": "inference", "/rerank": "inference", "/v2/rerank": "inference"}
 # vLLM's model permission object (what /v1/models lists; nothing here acts on it).
 _PERMISSION = {"object": "model_permission", "allow_create_engine": False, "allow_sampling": True}
 _PERMISSION |= {"allow_logprobs": True, "allow_search_indices": False, "allow_view": True}
@@ -192,15 +192,16 @@ class OpenAIFrontend:
         if path == "/version":
             _require(request, "GET")
             return replies.json_reply(tokenize_routes.version())
-        if path in ("/score", "/rerank"):
-            return self._score(request, path[1:])
+        if path in ("/score", "/rerank", "/v2/rerank"):
+            return self._score(request, path.rsplit("/", 1)[1])
         _require(request, "POST")
         data = request_body(request, self.max_input_size)
         route = tokenize_routes.tokenize if path == "/tokenize" else tokenize_routes.detokenize
         return replies.pending(route(self, data), replies.OPENAI_SHAPE)
 
     def _score(self, request: HttpRequest, route: str) -> Outcome:
-        """vLLM's /v1/score and /v1/rerank (score_routes.py), also without /v1 as vLLM's."""
+        """vLLM's /v1/score and /v1/rerank (score_routes.py), also as /score, /rerank and
+        /v2/rerank, as vLLM's."""
         _require(request, "POST")
         data = request_body(request, self.max_input_size)
         work = score_routes.score if route == "score" else score_routes.rerank
@@ -251,6 +252,11 @@ class OpenAIFrontend:
             if exc.code is ErrorCode.NOT_FOUND:
                 raise model_not_found(name) from None
             raise
+
+    def model_inputs(self, name: str) -> set[str]:
+        """The names of a model's inputs (which routes it can serve); 404 for an unknown one."""
+        self._resolve(name)
+        return {spec["name"] for spec in self.core.model_metadata(name)["inputs"]}
 
     def _require_inputs(self, name: str, *inputs: str) -> None:
         have = {spec["name"] for spec in self.core.model_metadata(name)["inputs"]}
@@ -381,12 +387,13 @@ class OpenAIFrontend:
         self._resolve(name)
         self._require_inputs(name, "embedding_request")
         if self.core.generation_info(name) is not None:
-            # vLLM pools a decoder's last hidden state when started with --task embed; the
-            # engine here keeps no hidden states for a client, so a generating model says so.
+            # As vLLM: a generating model embeds only when served as a pooling model (vLLM
+            # then serves no generation either); vLLM's server has no such route then (404).
             raise bad_request(
                 f"model '{name}' is a generative model (it has a language-model head): it "
-                "serves chat and completions, not embeddings. Serve an embedding model (a "
-                "model without an LM head, or with sentence-transformers files) for this route",
+                "serves chat and completions, not embeddings. Serve it as an embedding model "
+                'with model.json\'s "runner": "pooling" (vLLM\'s --runner pooling; the last '
+                "token's hidden state, normalized), or serve an embedding model",
                 "model",
             )
         text_input = any(

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from oceanus.core.generation import PromptLogprob
 from oceanus.core.types import InferRequest, InferResponse
 from oceanus.frontends.openai import results, sampling, tools
 from oceanus.frontends.openai.plans import Plan
@@ -100,6 +101,7 @@ class Choice:
     output_tokens: int = 0
     counted: bool = False  # the model reported its output tokens
     logprobs: list[list[tuple[str, float]]] = field(default_factory=list)
+    prompt_logprobs: list[list[PromptLogprob]] | None = None
 
     def add(self, piece: Piece) -> None:
         self.text += piece.text
@@ -110,6 +112,8 @@ class Choice:
             self.output_tokens += piece.output_tokens
             self.counted = True
         self.logprobs.extend(piece.logprobs)
+        if piece.prompt_logprobs is not None:
+            self.prompt_logprobs = piece.prompt_logprobs
 
 
 def _usage(plan: Plan, choices: list[Choice], count: Any) -> dict[str, int]:
@@ -169,19 +173,22 @@ async def complete(core: Streams, plan: Plan, count: Any) -> dict[str, Any]:
             continue
         prompt = plan.prompts[number // plan.n].text if plan.echo else ""
         logprobs = (
-            results.completion_logprobs(choice.logprobs, plan.logprobs, len(prompt))
+            _completion_logprobs(plan, choice, prompt)
             if plan.logprobs is not None and plan.show_logprobs
             else None
         )
-        documents.append(
-            {
-                "index": index,
-                "text": prompt + choice.text,
-                "logprobs": logprobs,
-                "finish_reason": choice.finish_reason,
-            }
-        )
-    return {
+        document: dict[str, Any] = {
+            "index": index,
+            "text": prompt + choice.text,
+            "logprobs": logprobs,
+            "finish_reason": choice.finish_reason,
+        }
+        if plan.prompt_logprobs is not None:  # vLLM's field, per choice in completions
+            document["prompt_logprobs"] = results.prompt_logprobs(
+                choice.prompt_logprobs, plan.prompt_logprobs
+            )
+        documents.append(document)
+    reply: dict[str, Any] = {
         "id": plan.id,
         "object": "chat.completion" if plan.chat else "text_completion",
         "created": plan.created,
@@ -189,6 +196,25 @@ async def complete(core: Streams, plan: Plan, count: Any) -> dict[str, Any]:
         "choices": documents,
         "usage": usage,
     }
+    if plan.chat and plan.prompt_logprobs is not None:  # vLLM's field, once in chat's reply
+        reply["prompt_logprobs"] = results.prompt_logprobs(
+            choices[0].prompt_logprobs, plan.prompt_logprobs
+        )
+    return reply
+
+
+def _completion_logprobs(
+    plan: Plan, choice: Choice, prompt: str, offset: int = 0
+) -> dict[str, Any]:
+    """Completions' logprobs of a choice's tokens (or of its latest piece's), with an echoed
+    prompt's first when the engine computed them (the first prompt token's logprob null, as
+    OpenAI's and vLLM's); a model that has none for the prompt leaves its tokens out."""
+    steps: results.Steps = [[*step] for step in choice.logprobs]
+    if prompt and choice.prompt_logprobs is not None and plan.logprobs is not None:
+        steps = results.prompt_steps(choice.prompt_logprobs, plan.logprobs) + steps
+    elif prompt:
+        offset = len(prompt)
+    return results.completion_logprobs(steps, offset)
 
 
 def _kept(plan: Plan, choices: list[Choice]) -> list[tuple[int, Choice]]:
@@ -286,6 +312,8 @@ async def chunks(core: Streams, plan: Plan, count: Any) -> AsyncGenerator[dict[s
         return {**head, "choices": [choice], **usage_field}
 
     choices = [Choice() for _ in range(total)]
+    offsets = [0] * total  # completions' text_offset so far, per choice
+    echoed = [not plan.echo] * total
     chats = [_ChatStream(plan) for _ in range(total)]
     thinking = [ReasoningStream(plan.reasoning) for _ in range(total)] if plan.reasoning else []
     async with contextlib.aclosing(merged(core, plan)) as pieces:
@@ -293,24 +321,27 @@ async def chunks(core: Streams, plan: Plan, count: Any) -> AsyncGenerator[dict[s
         if plan.chat:
             for index in range(total):
                 yield chunk(index, {"delta": {"role": "assistant", "content": ""}})
-        elif plan.echo:
-            for index in range(total):
-                yield chunk(index, {"text": plan.prompts[index // plan.n].text})
         async for index, piece in _prepend(first, pieces):
             choice = choices[index]
             choice.add(piece)
             final = piece.finish_reason is not None
+            if not plan.chat:
+                # An echoed prompt comes with the choice's first text, as vLLM sends it.
+                prompt = "" if echoed[index] else plan.prompts[index // plan.n].text
+                echoed[index] = True
+                logprobs = None
+                if plan.logprobs is not None and (piece.logprobs or prompt):
+                    latest = Choice(logprobs=piece.logprobs, prompt_logprobs=piece.prompt_logprobs)
+                    logprobs = _completion_logprobs(plan, latest, prompt, offsets[index])
+                    if logprobs["tokens"]:
+                        offsets[index] = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
+                if prompt or piece.text or final or logprobs:
+                    text = prompt + piece.text
+                    yield chunk(index, {"text": text}, piece.finish_reason, logprobs)
+                continue
             logprobs = None
             if plan.logprobs is not None and piece.logprobs:
-                logprobs = (
-                    results.chat_logprobs(piece.logprobs, plan.logprobs)
-                    if plan.chat
-                    else results.completion_logprobs(piece.logprobs, plan.logprobs, 0)
-                )
-            if not plan.chat:
-                if piece.text or final or logprobs:
-                    yield chunk(index, {"text": piece.text}, piece.finish_reason, logprobs)
-                continue
+                logprobs = results.chat_logprobs(piece.logprobs, plan.logprobs)
             chat = chats[index]
             chat.text = choice.text
             if thinking:  # the reasoning first, then the content after it

@@ -53,6 +53,8 @@ class Plan:
     # likeliest, by their logprobs, which the client may not have asked to see).
     keep: int | None = None
     show_logprobs: bool = True
+    # vLLM's `prompt_logprobs` field shown with this many alternatives (None: not shown).
+    prompt_logprobs: int | None = None
     parser: Parser | None = None  # tool calls are parsed from the reply
     named_tool: str | None = None  # tool_choice named this function
     reasoning: ReasoningParser | None = None  # thinking is set apart (reasoning.py)
@@ -239,6 +241,7 @@ def chat_plan(
     parameters = _parameters(body, tokenizer)
     if body.logprobs:
         parameters["logprobs"] = top or 0
+    _prompt_logprobs(parameters, typed, body.prompt_logprobs)
     _response_format(body.response_format, parameters)
     tools, mode, named = _tools(body, parameters)
     if mode == "required" and parser is not None and tools:
@@ -262,8 +265,18 @@ def chat_plan(
         named_tool=named,
         reasoning=reasoning,
         typed=typed,
+        prompt_logprobs=body.prompt_logprobs if typed else None,
         id=f"chatcmpl-{uuid.uuid4().hex}",
     )
+
+
+def _prompt_logprobs(parameters: dict[str, Any], typed: bool, *asks: int | None) -> None:
+    """The engine computes the prompt's logprobs only when a request needs them (echo with
+    logprobs, vLLM's `prompt_logprobs`), with the most alternatives any of them shows. Models
+    other than the built-in engine (model.py, ensembles) have no such output."""
+    wanted = [ask for ask in asks if ask is not None]
+    if typed and wanted:
+        parameters["prompt_logprobs"] = max(wanted)
 
 
 def _parameters(
@@ -291,6 +304,9 @@ def _prompts(
         else:
             if tokenizer is None:
                 raise bad_request("token id prompts need the model's tokenizer", "prompt")
+            outside = [token for token in item if token >= tokenizer.vocab_size]
+            if outside:  # vLLM's words; the engine would fail on it
+                raise bad_request(f"Token id {outside[0]} is out of vocabulary", "prompt")
             found.append((tokenizer.decode(item), list(item)))
     return found
 
@@ -318,6 +334,9 @@ def completion_plan(
         top = 0  # the choices are ranked by their tokens' logprobs
     if top is not None:
         parameters["logprobs"] = top
+    typed = typed and tokenizer is not None
+    echoed = body.logprobs if body.echo else None
+    _prompt_logprobs(parameters, typed, echoed, body.prompt_logprobs)
     _response_format(body.response_format, parameters)
     context = tokenizer.context_length if tokenizer else None
     prompts = []
@@ -339,6 +358,12 @@ def completion_plan(
         logprobs=top,
         keep=body.n if best_of is not None else None,
         show_logprobs=body.logprobs is not None,
-        typed=typed and tokenizer is not None,
+        # vLLM shows the field when asked, and with echo's logprobs, which it computed.
+        prompt_logprobs=(
+            (body.prompt_logprobs if body.prompt_logprobs is not None else echoed)
+            if typed
+            else None
+        ),
+        typed=typed,
         id=f"cmpl-{uuid.uuid4().hex}",
     )

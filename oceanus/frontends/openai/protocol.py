@@ -55,6 +55,8 @@ class _Generation(Schema):
     repetition_penalty: float | None = None
     min_tokens: Annotated[int, Field(ge=0)] | None = None
     ignore_eos: bool | None = None
+    # vLLM's: the prompt tokens' logprobs with this many alternatives (not streamed)
+    prompt_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
 
     def sampling(self) -> dict[str, Any]:
         """The sampling parameters that were given, by vLLM's names (max_tokens, logprobs,
@@ -81,6 +83,10 @@ class _Generation(Schema):
         if self.stream_options is not None and not self.stream:
             raise bad_request(
                 "'stream_options' is only allowed when 'stream' is true", "stream_options"
+            )
+        if self.stream and self.prompt_logprobs:  # vLLM's rule and words
+            raise bad_request(
+                "`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs"
             )
         return self.stream_options is not None and self.stream_options.include_usage
 

@@ -226,7 +226,8 @@ def _response(body: ResponsesRequest, response_id: str, created: int) -> dict[st
         "previous_response_id": body.previous_response_id,
         "reasoning": {"effort": None, "summary": None},
         "store": body.store,
-        "temperature": body.temperature,
+        # As OpenAI's: the values used (1.0 when not given), not null.
+        "temperature": 1.0 if body.temperature is None else body.temperature,
         "text": {"format": form.model_dump(by_alias=True) if form else {"type": "text"}},
         "tool_choice": (
             body.tool_choice.model_dump()
@@ -234,10 +235,17 @@ def _response(body: ResponsesRequest, response_id: str, created: int) -> dict[st
             else body.tool_choice or "auto"
         ),
         "tools": [tool.model_dump() for tool in body.tools or []],
-        "top_p": body.top_p,
+        "top_p": 1.0 if body.top_p is None else body.top_p,
         "truncation": "disabled",
         "usage": None,
         "metadata": body.metadata or {},
+        # OpenAI's fields that nothing here sets (vLLM writes them too).
+        "background": False,
+        "max_tool_calls": None,
+        "prompt": None,
+        "service_tier": "auto",
+        "top_logprobs": 0,
+        "user": None,
     }
 
 
@@ -247,7 +255,7 @@ def _message_item(text: str) -> dict[str, Any]:
         "id": f"msg_{uuid.uuid4().hex}",
         "status": "completed",
         "role": "assistant",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
     }
 
 
@@ -378,7 +386,7 @@ def _place(item: dict[str, Any], index: int) -> dict[str, Any]:
 
 
 def _text_start(event: Any, item: dict[str, Any], index: int) -> list[bytes]:
-    part = {"type": "output_text", "text": "", "annotations": []}
+    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
     place = {"item_id": item["id"], "output_index": index, "content_index": 0}
     return [
         event("response.output_item.added", {"output_index": index, "item": item}),
@@ -387,7 +395,7 @@ def _text_start(event: Any, item: dict[str, Any], index: int) -> list[bytes]:
 
 
 def _text_end(event: Any, item: dict[str, Any], index: int, text: str) -> list[bytes]:
-    part = {"type": "output_text", "text": text, "annotations": []}
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
     item["content"] = [part]
     item["status"] = "completed"
     place = {"item_id": item["id"], "output_index": index, "content_index": 0}

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from oceanus.core.generation import PromptLogprob
 from oceanus.core.types import InferResponse
 
 
@@ -20,6 +21,7 @@ class Piece:
     output_tokens: int | None = None
     # Per token: (text, logprob) of the chosen token first, then the alternatives by rank.
     logprobs: list[list[tuple[str, float]]] = field(default_factory=list)
+    prompt_logprobs: list[list[PromptLogprob]] | None = None  # the engine's, in its first piece
 
 
 def _scalar(data: Any) -> Any:
@@ -56,6 +58,7 @@ def read(response: InferResponse) -> Piece:
             typed.num_input_tokens,
             typed.num_output_tokens,
             typed.logprobs or [],
+            typed.prompt_logprobs,
         )
     piece = Piece()
     for tensor in response.outputs:
@@ -112,25 +115,76 @@ def chat_logprobs(steps: list[list[tuple[str, float]]], top: int) -> dict[str, A
     return {"content": content}
 
 
-def completion_logprobs(
-    steps: list[list[tuple[str, float]]], top: int, offset: int
-) -> dict[str, Any]:
-    tokens, token_logprobs, tops, offsets = [], [], [], []
+# Steps of completions' logprobs: (text, logprob) of the token, then its alternatives; None:
+# the first prompt token's, which nothing predicts.
+Steps = list[list[tuple[str, float | None]]]
+
+
+def prompt_steps(entries: list[list[PromptLogprob]], top: int) -> Steps:
+    """The engine's prompt logprobs as completions' steps, each with the prompt's token and
+    the `top` likeliest (as vLLM's: top + 1 entries when the token is not among them)."""
+    return [
+        [
+            (text, logprob)
+            for number, (_, text, logprob, rank) in enumerate(step)
+            if number == 0 or (rank is not None and rank <= top)
+        ]
+        for step in entries
+    ]
+
+
+def _clamp(logprob: float) -> float:
+    """-inf (a banned token) as OpenAI writes it in JSON, as vLLM does."""
+    return max(logprob, -9999.0)
+
+
+def completion_logprobs(steps: Steps, offset: int) -> dict[str, Any]:
+    """OpenAI's completions logprobs; `text_offset` counts from `offset` by each token's text
+    (vLLM's way: an echoed prompt's special tokens count too)."""
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
     for entries in steps:
         if not entries:
             continue
         token, logprob = entries[0]
         tokens.append(token)
-        token_logprobs.append(logprob)
-        tops.append(dict(sorted(entries, key=lambda e: -e[1])[:top]))
         offsets.append(offset)
         offset += len(token)
+        if logprob is None:
+            token_logprobs.append(None)
+            tops.append(None)
+            continue
+        token_logprobs.append(_clamp(logprob))
+        # the chosen token and the alternatives the engine sent (the `logprobs` likeliest)
+        tops.append({t: _clamp(lp) for t, lp in entries if lp is not None})
     return {
         "tokens": tokens,
         "token_logprobs": token_logprobs,
         "top_logprobs": tops,
         "text_offset": offsets,
     }
+
+
+def prompt_logprobs(entries: list[list[PromptLogprob]] | None, top: int) -> list[Any] | None:
+    """vLLM's `prompt_logprobs` field: None for the first token, then per token {id: {logprob,
+    rank, decoded_token}}, the prompt's token first, with the `top` likeliest."""
+    if entries is None:
+        return None
+    shown: list[Any] = []
+    for number, step in enumerate(entries):
+        if number == 0:
+            shown.append(None)
+            continue
+        shown.append(
+            {
+                str(token): {"logprob": _clamp(lp or 0.0), "rank": rank, "decoded_token": text}
+                for index, (token, text, lp, rank) in enumerate(step)
+                if index == 0 or (rank is not None and rank <= top)
+            }
+        )
+    return shown
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -104,6 +104,19 @@ def embedding_request(
     return InferRequest(model, version, id=request_id, inputs=inputs)
 
 
+def score_request(
+    model: str, version: str, pairs: list[list[str]], request_id: str
+) -> InferRequest:
+    """A cross-encoder's request (the backend adds the `score_request` input to such models'
+    configs): every (query, document) pair in one JSON document, scored in one batch."""
+    inputs = [
+        _text("score_request", _dumps({"pairs": pairs})),
+        _bool("return_num_input_tokens", True),
+        _text("text_input", ""),
+    ]
+    return InferRequest(model, version, id=request_id, inputs=inputs)
+
+
 def _dumps(document: Any) -> str:
     import json
 

@@ -1,9 +1,9 @@
-"""vLLM's scoring routes on an embedding model: `POST /v1/score` (`text_1` against `text_2`)
-and `POST /v1/rerank` (a `query` against `documents`, Jina's and Cohere's shape, as vLLM's),
-scored by the cosine of the two texts' embeddings, as vLLM scores with an embedding model.
-
-Cross-encoders (`*ForSequenceClassification` folders, which score a pair in one pass) are not
-served: the engine loads no classification head."""
+"""vLLM's scoring routes: `POST /v1/score` (`text_1` against `text_2`) and `POST /v1/rerank`
+(a `query` against `documents`, Jina's and Cohere's shape, as vLLM's; also `/rerank`,
+`/v2/rerank`). On a cross-encoder (a model with the `score_request` input: a
+`*ForSequenceClassification` folder, backends/llm/classifier.py) every pair is scored in one
+batched pass by its head, as vLLM does; on an embedding model by the cosine of the two texts'
+embeddings, as vLLM scores with an embedding model."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ import uuid
 from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
+import orjson
 from pydantic import Field
 
-from oceanus.frontends.openai.errors import bad_request
+from oceanus.frontends.openai import sampling
+from oceanus.frontends.openai.errors import OpenAIError, bad_request
 from oceanus.frontends.openai.protocol import Schema, parse
 
 if TYPE_CHECKING:
@@ -49,6 +51,29 @@ async def _cosines(
     return [float(np.dot(unit[a], unit[b])) for a, b in zip(left, right, strict=True)], tokens
 
 
+async def _scores(
+    frontend: OpenAIFrontend, model: str, left: list[str], right: list[str]
+) -> tuple[list[float], int]:
+    """Each pair's score, and the input tokens it took."""
+    if "score_request" not in frontend.model_inputs(model):
+        return await _cosines(frontend, model, left, right)
+    from oceanus.frontends.openai.app import _one_response
+
+    pairs = [[a, b] for a, b in zip(left, right, strict=True)]
+    request = sampling.score_request(model, "", pairs, f"score-{uuid.uuid4().hex}")
+    response = await _one_response(frontend.core.infer_stream(request))
+    scores, tokens = None, 0
+    for tensor in response.outputs:
+        value = tensor.data.reshape(-1)[0]
+        if tensor.name == "text_output":
+            scores = [float(s) for s in orjson.loads(value)]
+        elif tensor.name == "num_input_tokens":
+            tokens = int(value)
+    if scores is None or len(scores) != len(pairs):
+        raise OpenAIError(500, "the model's response has no score for every pair")
+    return scores, tokens
+
+
 async def score(frontend: OpenAIFrontend, data: bytes) -> dict[str, Any]:
     body = parse(ScoreRequest, data)
     left = [body.text_1] if isinstance(body.text_1, str) else list(body.text_1)
@@ -57,7 +82,7 @@ async def score(frontend: OpenAIFrontend, data: bytes) -> dict[str, Any]:
         left = left * len(right)
     if len(left) != len(right):
         raise bad_request("'text_1' must be one text or as many as 'text_2'", "text_1")
-    scores, tokens = await _cosines(frontend, body.model, left, right)
+    scores, tokens = await _scores(frontend, body.model, left, right)
     return {
         "id": f"score-{uuid.uuid4().hex}",
         "object": "list",
@@ -71,7 +96,7 @@ async def score(frontend: OpenAIFrontend, data: bytes) -> dict[str, Any]:
 async def rerank(frontend: OpenAIFrontend, data: bytes) -> dict[str, Any]:
     body = parse(RerankRequest, data)
     documents = body.documents
-    scores, tokens = await _cosines(frontend, body.model, [body.query] * len(documents), documents)
+    scores, tokens = await _scores(frontend, body.model, [body.query] * len(documents), documents)
     order = sorted(range(len(documents)), key=lambda i: -scores[i])
     if body.top_n:
         order = order[: body.top_n]
@@ -82,6 +107,6 @@ async def rerank(frontend: OpenAIFrontend, data: bytes) -> dict[str, Any]:
     return {
         "id": f"rerank-{uuid.uuid4().hex}",
         "model": body.model,
-        "usage": {"total_tokens": tokens},
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},  # vLLM's RerankUsage
         "results": results,
     }

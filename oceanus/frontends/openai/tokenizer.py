@@ -169,8 +169,16 @@ def load_tokenizer(
 
 
 def max_model_len(version_dir: Path) -> int | None:
+    """model.json's `max_model_len`, else the named folder's `max_position_embeddings` (what
+    vLLM lists for an embedding model or a cross-encoder)."""
     value = _read_json(version_dir / "model.json").get("max_model_len")
-    return value if isinstance(value, int) and value > 0 else None
+    if isinstance(value, int) and value > 0:
+        return value
+    for folder in candidate_folders(version_dir, version_dir.parent)[2:]:
+        found = _read_json(folder / "config.json").get("max_position_embeddings")
+        if isinstance(found, int) and found > 0:
+            return found
+    return None
 
 
 def read_chat_template(option: str) -> str:

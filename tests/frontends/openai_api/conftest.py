@@ -1,6 +1,8 @@
 """One server for the tests of the routes vLLM's clients use beside chat and completions
 (tokenize, score, the Responses API, Anthropic's messages): the tiny language model, as `llm`,
-with tool calls in Hermes' format, and a small embedding model, as `embedder`."""
+with tool calls in Hermes' format, a small embedding model, as `embedder`, and small
+cross-encoders with one label (`reranker`) and three (`classifier3`), and the language model
+as an embedding model (`llm_embed`)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ WEATHER = {
 def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     pytest.importorskip("transformers")
     pytest.importorskip("torch")
+    from oceanus.examples.cross_encoder import write_cross_encoder_model
     from oceanus.examples.embedder import write_embedding_model
     from oceanus.examples.llm import write_llm_model
 
@@ -33,7 +36,12 @@ def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     with open(folder / "config.pbtxt", "a") as config:
         config.write('parameters { key: "tool_call_parser" value { string_value: "hermes" } }\n')
     write_embedding_model(repository, "embedder")  # /v1/score and /v1/rerank
+    write_cross_encoder_model(repository, "reranker")
+    # The language model again, served as an embedding model (vLLM's runner "pooling").
+    write_llm_model(repository, "llm_embed", engine_args={"runner": "pooling"})
+    write_cross_encoder_model(repository, "classifier3", num_labels=3)
     process = ServerProcess([repository])
+    process.repository = repository  # type: ignore[attr-defined]  # the tests read its models
     try:
         process.wait_live()
         yield process

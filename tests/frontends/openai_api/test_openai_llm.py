@@ -72,6 +72,14 @@ def test_default_max_tokens(client: Any) -> None:
     assert f"maximum context length is {CONTEXT} tokens" in caught.value.body["message"]
 
 
+def test_a_token_id_out_of_the_vocabulary_is_a_400(client: Any) -> None:
+    """As vLLM's (the engine's embedding lookup failed the step: a 500)."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="llm", prompt=[1, 999999], max_tokens=1)
+    assert caught.value.body["param"] == "prompt"
+    assert caught.value.body["message"] == "Token id 999999 is out of vocabulary"
+
+
 def test_completion_logprobs(client: Any) -> None:
     reply = client.completions.create(
         model="llm", prompt="The weather", max_tokens=4, logprobs=2, temperature=0
