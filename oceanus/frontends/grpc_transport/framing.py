@@ -20,6 +20,7 @@ import hpack
 from oceanus.frontends.grpc_transport import defences
 from oceanus.frontends.grpc_transport.defences import MAX_HEADER_BLOCK, FloodBudget
 from oceanus.frontends.grpc_transport.events import Events
+from oceanus.frontends.grpc_transport.flow import WINDOW, Inflow
 from oceanus.frontends.grpc_transport.headers import HeaderCodec, refusal
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -38,9 +39,6 @@ INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
 
 MAX_WINDOW = 2**31 - 1
 DEFAULT_WINDOW = 65535
-# Receive windows: large enough that a tensor of a few MiB crosses without waiting for a
-# WINDOW_UPDATE round trip; the call's message limit bounds what a call may buffer.
-WINDOW = 16 << 20
 MAX_FRAME = 1 << 20  # what we accept (announced); frames we send follow the peer's setting
 # Streams we reset while the client may still be sending on them: frames arriving there are
 # ignored (RFC 9113 5.1, "closed"); the oldest are forgotten past this many.
@@ -75,15 +73,15 @@ class ConnectionError_(Exception):
         self.code = code
 
 
-class Stream:
-    """A client stream we have not finished: our send window, the bytes received since our
-    last WINDOW_UPDATE for it, whether the client may still send."""
+class Stream(Inflow):
+    """A client stream we have not finished: our send window, its receive window (Inflow),
+    whether the client may still send."""
 
-    __slots__ = ("remote_open", "send_window", "unacked")
+    __slots__ = ("remote_open", "send_window")
 
     def __init__(self, send_window: int) -> None:
+        super().__init__()
         self.send_window = send_window
-        self.unacked = 0
         self.remote_open = True
 
 
@@ -110,7 +108,7 @@ class Http2:
         self._send_window = DEFAULT_WINDOW
         self._initial_window = DEFAULT_WINDOW
         self.max_send_frame = 16384
-        self._unacked = 0  # connection-level bytes received since our last WINDOW_UPDATE
+        self._inflow = Inflow()  # the connection's receive window, refilled by `consumed`
         # A header block still being received (HEADERS without END_HEADERS, CONTINUATIONs)
         self._block_stream = 0
         self._block_flags = 0
@@ -142,6 +140,18 @@ class Http2:
 
     def send_headers(self, stream_id: int, headers: list[tuple[bytes, bytes]]) -> None:
         self._send_block(stream_id, self._codec.encode(headers), 0)
+
+    def consumed(self, stream_id: int, size: int) -> None:
+        """The application has taken (or dropped) `size` bytes of the stream's DATA: the peer
+        gets them back, for the connection and the stream, half a window at a time."""
+        increment = self._inflow.give_back(size)
+        if increment:
+            self._out.append(frame(WINDOW_UPDATE, 0, 0, increment.to_bytes(4, "big")))
+        stream = self.streams.get(stream_id)
+        if stream is not None and stream.remote_open:  # else the client sends no more there
+            increment = stream.give_back(size)
+            if increment:
+                self._out.append(frame(WINDOW_UPDATE, 0, stream_id, increment.to_bytes(4, "big")))
 
     def send_data(self, stream_id: int, data: bytes) -> None:
         """DATA within `window(stream_id)` and `max_send_frame`, as the caller has checked."""
@@ -332,32 +342,23 @@ class Http2:
         if not stream_id:
             raise ConnectionError_(PROTOCOL_ERROR, "DATA on stream 0")
         size = len(payload)  # padding counts against the windows too
-        self._unacked += size
-        if self._unacked > WINDOW:
+        if not self._inflow.take(size):
             raise ConnectionError_(FLOW_CONTROL_ERROR, "DATA past the connection window")
-        if self._unacked >= WINDOW // 2:
-            self._out.append(frame(WINDOW_UPDATE, 0, 0, self._unacked.to_bytes(4, "big")))
-            self._unacked = 0
         data = self._strip_padding(flags, payload)
         stream = self.streams.get(stream_id)
-        if stream is None:
-            if stream_id > self.last_stream_id:
+        if stream is None or not stream.remote_open or not stream.take(size):
+            if stream is None and stream_id > self.last_stream_id:
                 raise ConnectionError_(PROTOCOL_ERROR, "DATA on an idle stream")
-            if stream_id not in self._reset:
+            if stream is not None and stream.remote_open:
+                self._stream_error(stream_id, FLOW_CONTROL_ERROR)
+            elif stream is not None or stream_id not in self._reset:
                 self._stream_error(stream_id, STREAM_CLOSED)
-            return
-        if not stream.remote_open:
-            self._stream_error(stream_id, STREAM_CLOSED)
-            return
-        stream.unacked += size
-        if stream.unacked > WINDOW:
-            self._stream_error(stream_id, FLOW_CONTROL_ERROR)
+            self.consumed(0, size)  # dropped: nobody holds these bytes
             return
         if flags & END_STREAM:
             stream.remote_open = False
-        elif stream.unacked >= WINDOW // 2:
-            self._out.append(frame(WINDOW_UPDATE, 0, stream_id, stream.unacked.to_bytes(4, "big")))
-            stream.unacked = 0
+        if len(data) < size:
+            self.consumed(stream_id, size - len(data))  # the padding
         if data:
             self._events.on_data(stream_id, data)
         if flags & END_STREAM and stream_id in self.streams:

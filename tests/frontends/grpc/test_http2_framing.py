@@ -141,12 +141,15 @@ def test_window_updates_both_ways() -> None:
     assert conn.window(1) == 150  # 40 + 10, and the new initial size's 100 more
     assert ("window", 1) in recorder.events
     conn.data_to_send()
-    # receiving: a WINDOW_UPDATE for the connection and the stream once half is consumed
+    # receiving: nothing given back as DATA arrives, a WINDOW_UPDATE for the connection and
+    # the stream once the application has consumed half a window
     chunk = raw_frame(0, 0, 1, bytes(framing.MAX_FRAME))
-    for _ in range(framing.WINDOW // 2 // framing.MAX_FRAME - 1):
+    for _ in range(framing.WINDOW // framing.MAX_FRAME):
         conn.receive(chunk)
     assert conn.data_to_send() == b""
-    conn.receive(chunk)
+    conn.consumed(1, framing.WINDOW // 2 - 1)
+    assert conn.data_to_send() == b""
+    conn.consumed(1, 1)
     sent = frames_of(conn.data_to_send())
     half = (framing.WINDOW // 2).to_bytes(4, "big")
     assert sent == [(8, 0, 0, half), (8, 0, 1, half)]
@@ -156,7 +159,7 @@ def test_data_past_the_window_is_a_flow_control_error() -> None:
     conn, _ = opened()
     conn.receive(raw_frame(1, 0x4, 1, hpack.Encoder().encode(REQUEST)))
     conn.receive(raw_frame(1, 0x4, 3, hpack.Encoder().encode(REQUEST)))
-    conn._unacked = framing.WINDOW - 10  # as if the client had ignored our WINDOW_UPDATEs
+    conn._inflow.received = framing.WINDOW - 10  # as if the client had ignored our windows
     assert error_of(conn, raw_frame(0, 0, 3, bytes(11))) == framing.FLOW_CONTROL_ERROR
 
 
