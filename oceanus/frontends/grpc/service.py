@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
 import grpc
@@ -22,14 +22,13 @@ from tritonclient.grpc import service_pb2 as pb
 from oceanus.core.errors import InferenceServerError, unsupported
 from oceanus.core.observability.tracing import Trace
 from oceanus.core.server import DECOUPLED_UNSUPPORTED, ServerCore
-from oceanus.core.shared_memory import SharedMemoryManager
 from oceanus.core.types import InferRequest, InferResponse
-from oceanus.frontends.decoding import DECODE_ON_THREAD_BYTES
 from oceanus.frontends.grpc import codec, health
 from oceanus.frontends.grpc import responses as response_codec
 from oceanus.frontends.grpc.admin import AdminRpcs
 from oceanus.frontends.grpc.errors import failure_status
 from oceanus.frontends.grpc.methods import UNARY_METHODS, Context, restricted, unary_handler
+from oceanus.frontends.grpc.prepare import FEW_BYTES, Prepared, prepare, prepare_now
 from oceanus.frontends.header_forward import HeaderForward
 from oceanus.logs import LogSettings
 
@@ -130,11 +129,10 @@ class GrpcService(AdminRpcs):
         request still queued leaves the queue.
         """
         try:
-            if len(data) < _FEW_BYTES:  # the common case, without a coroutine
-                message, raw = codec.parse_infer_request(data)
-                decoded = _decode_parsed(message, raw, self.core.shared_memory)
+            if len(data) < FEW_BYTES:  # the common case, without a coroutine
+                message, decoded = prepare_now(data, self.core.shared_memory)
             else:
-                message, decoded = await self._decode(data)
+                message, decoded = await prepare(data, self.core.shared_memory)
             if isinstance(decoded, InferenceServerError):
                 # the message parsed once: a large one is never parsed again on the loop
                 self._check_model(message, "ModelInfer RPC")
@@ -150,22 +148,6 @@ class GrpcService(AdminRpcs):
             code, message = failure_status(exc, "ModelInfer")
         await context.abort(code, message)
         raise AssertionError("unreachable")  # abort raises
-
-    async def _decode(
-        self, data: bytes
-    ) -> tuple[pb.ModelInferRequest, InferRequest | InferenceServerError]:
-        """A request message parsed and decoded, off the loop when that is heavy: a large one,
-        or a small one naming many tensors or parameters (each a Python step: 60,000 empty
-        inputs in 1 MiB held the loop for 0.4 s). A message that does not parse raises."""
-        shm = self.core.shared_memory
-        if len(data) > DECODE_ON_THREAD_BYTES:
-            return await asyncio.to_thread(_decode, data, shm)
-        message, raw = codec.parse_infer_request(data)
-        if len(data) < _FEW_BYTES:
-            return message, _decode_parsed(message, raw, shm)
-        if len(message.inputs) + len(message.outputs) + len(message.parameters) > _MANY:
-            return message, await asyncio.to_thread(_decode_parsed, message, raw, shm)
-        return message, _decode_parsed(message, raw, shm)
 
     def _check_model(self, message: pb.ModelInferRequest, caller: str | None) -> None:
         """Triton's order for a request it cannot decode: the version string, then the model
@@ -236,7 +218,7 @@ class GrpcService(AdminRpcs):
     ) -> None:
         async for data in requests:
             try:
-                prepared: Prepared | Exception = await self._decode(data)
+                prepared: Prepared | Exception = await prepare(data, self.core.shared_memory)
             except Exception as exc:  # a message that does not parse: answered in order
                 prepared = exc
             self._stream_request(prepared, outbox, pending, metadata)
@@ -327,33 +309,6 @@ class GrpcService(AdminRpcs):
                 response_serializer=_serialize,
             )
         }
-
-
-# A message naming more tensors and parameters than this is decoded on a thread. Each takes
-# at least 2 bytes, so a message under _FEW_BYTES names fewer and is not counted.
-_MANY = 256
-_FEW_BYTES = 2 * _MANY
-
-# A request message parsed, with its core request or the error decoding it raised.
-Prepared: TypeAlias = "tuple[pb.ModelInferRequest, InferRequest | InferenceServerError]"
-
-
-def _decode(data: bytes, shm: SharedMemoryManager) -> Prepared:
-    """The parsed message and its core request, or the error decoding it raised (the caller
-    checks the model first, in Triton's order). A message that does not parse raises."""
-    message, raw = codec.parse_infer_request(data)
-    return message, _decode_parsed(message, raw, shm)
-
-
-def _decode_parsed(
-    message: pb.ModelInferRequest,
-    raw: Sequence[bytes] | Sequence[memoryview],
-    shm: SharedMemoryManager,
-) -> InferRequest | InferenceServerError:
-    try:
-        return codec.decode_infer_request(message, raw, shm)
-    except InferenceServerError as exc:
-        return exc
 
 
 def _serialize(message: Any) -> bytes:
