@@ -77,6 +77,7 @@ class GrpcService(AdminRpcs):
         self.log_settings = log_settings  # the server's live settings; None: LogSettings is off
         # Set on shutdown: open streams answer what they have received, then end.
         self.draining = asyncio.Event()
+        self._drain_wait: asyncio.Future[Any] | None = None
 
     # ---- health and metadata ----------------------------------------------------------------
 
@@ -194,9 +195,8 @@ class GrpcService(AdminRpcs):
         writer = asyncio.ensure_future(_write_all(outbox, context))
         metadata = list(context.invocation_metadata() or ()) if self.header_forward else []
         reader = asyncio.ensure_future(self._read_stream(requests, outbox, pending, metadata))
-        drain = asyncio.ensure_future(self.draining.wait())
         try:
-            await asyncio.wait([reader, drain], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([reader, self._drain()], return_when=asyncio.FIRST_COMPLETED)
             if reader.done():
                 reader.result()
             while pending:
@@ -204,10 +204,16 @@ class GrpcService(AdminRpcs):
             outbox.put_nowait(None)
             await writer
         finally:
-            for future in (*pending, reader, drain):
+            for future in (*pending, reader):
                 future.cancel()
             if not writer.done():
                 writer.cancel()
+
+    def _drain(self) -> asyncio.Future[Any]:
+        """One wait on `draining` for all streams (a task each was memory per open stream)."""
+        if self._drain_wait is None:
+            self._drain_wait = asyncio.ensure_future(self.draining.wait())
+        return self._drain_wait
 
     async def _read_stream(
         self,

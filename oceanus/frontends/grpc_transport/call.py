@@ -325,6 +325,12 @@ class Call:
         if self.timer is not None:
             self.timer.cancel()
         self.connection.release(self)  # what it held is the connection's window again
+        # The task's frames (and a cancelled one's traceback) refer to the call, the request
+        # stream refers back to it: without these references no cycle is left, and a call's
+        # memory goes when it ends, not at the collector's next full pass (after 1,000 calls
+        # held by one client, the RSS stayed ~10 % up until then).
+        self.task = None
+        self.requests = None
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback(self)

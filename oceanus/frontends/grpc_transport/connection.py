@@ -86,6 +86,7 @@ class Connection(asyncio.Protocol):
         for call in list(self._calls.values()):
             self._abandon(call)
         self._calls.clear()
+        self._h2.streams.clear()  # the framing and the connection refer to each other
         self._drained.set()
 
     def data_received(self, data: bytes) -> None:
