@@ -33,3 +33,16 @@ class Inflow:
         increment, self.consumed = self.consumed, 0
         self.received -= increment
         return increment
+
+
+class Stream(Inflow):
+    """A client stream the framing has not finished: our send window, its receive window,
+    whether the client may still send, and how much, when content-length said."""
+
+    __slots__ = ("length", "remote_open", "send_window")
+
+    def __init__(self, send_window: int, length: int) -> None:
+        self.received = self.consumed = 0  # Inflow's, without a call per request
+        self.send_window = send_window
+        self.remote_open = True
+        self.length = length  # DATA bytes still to come, as content-length said (-1: not said)

@@ -1,9 +1,9 @@
 """HTTP/2 framing for a gRPC server (RFC 9113), header compression left to `hpack`.
 
-Only what a gRPC server needs: client streams, no push, no priorities (parsed and ignored),
-flow control both ways. Events go straight to the connection's methods (events.py) instead
-of event objects: the general `h2` state machine was most of a gRPC request's cost beside the
-servicer's (bench/grpc_transport_cost.py measures both).
+Only what a gRPC server needs: client streams, no push, no priorities (parsed, checked and
+ignored), flow control both ways (flow.py). Events go straight to the connection's methods
+(events.py), not event objects: the general `h2` state machine was most of a gRPC request's
+cost beside the servicer's (bench/grpc_transport_cost.py measures both).
 
 Errors: a connection error raises `ConnectionError_`; the caller sends `goaway(code)` and
 closes. A stream error resets that stream (RST_STREAM) and tells the connection it is gone.
@@ -19,8 +19,9 @@ import hpack
 
 from oceanus.frontends.grpc_transport import defences
 from oceanus.frontends.grpc_transport.defences import MAX_HEADER_BLOCK, FloodBudget
+from oceanus.frontends.grpc_transport.events import ConnectionError_ as ConnectionError_
 from oceanus.frontends.grpc_transport.events import Events
-from oceanus.frontends.grpc_transport.flow import WINDOW, Inflow
+from oceanus.frontends.grpc_transport.flow import WINDOW, Inflow, Stream
 from oceanus.frontends.grpc_transport.headers import HeaderCodec, refusal
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -39,50 +40,30 @@ INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
 
 MAX_WINDOW = 2**31 - 1
 DEFAULT_WINDOW = 65535
-MAX_FRAME = 1 << 20  # what we accept (announced); frames we send follow the peer's setting
+# What we accept: RFC 9113's default, as grpc core announces; frames we send follow the peer's.
+MAX_FRAME = 16384
 # Streams we reset while the client may still be sending on them: frames arriving there are
 # ignored (RFC 9113 5.1, "closed"); the oldest are forgotten past this many.
 _RESET_MEMORY = 1024
 
+_SELF_DEPENDENT = 0x100  # not a wire flag: a header block whose priority names its own stream
 _HEAD = struct.Struct(">HBBBL")  # 24-bit length as 16 + 8 bits, type, flags, stream id
 _SETTING = struct.Struct(">HL")
 
 
 def _our_settings(max_streams: int) -> bytes:
-    return b"".join(
-        _SETTING.pack(key, value)
-        for key, value in (
-            (MAX_CONCURRENT_STREAMS, max_streams),
-            (INITIAL_WINDOW_SIZE, WINDOW),
-            (MAX_FRAME_SIZE, MAX_FRAME),
-            (MAX_HEADER_LIST_SIZE, defences.MAX_HEADER_LIST),
-        )
-    )
+    ours = {
+        MAX_CONCURRENT_STREAMS: max_streams,
+        INITIAL_WINDOW_SIZE: WINDOW,
+        MAX_FRAME_SIZE: MAX_FRAME,
+    }
+    ours[MAX_HEADER_LIST_SIZE] = defences.MAX_HEADER_LIST
+    return b"".join(_SETTING.pack(key, value) for key, value in ours.items())
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     length = len(payload)
     return _HEAD.pack(length >> 8, length & 0xFF, kind, flags, stream_id) + payload
-
-
-class ConnectionError_(Exception):
-    """A connection error (RFC 9113 5.4.1): GOAWAY with `code`, then close."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class Stream(Inflow):
-    """A client stream we have not finished: our send window, its receive window (Inflow),
-    whether the client may still send."""
-
-    __slots__ = ("remote_open", "send_window")
-
-    def __init__(self, send_window: int) -> None:
-        super().__init__()
-        self.send_window = send_window
-        self.remote_open = True
 
 
 class Http2:
@@ -303,6 +284,8 @@ class Http2:
                 raise ConnectionError_(PROTOCOL_ERROR, "PRIORITY on stream 0")
             if len(payload) != 5:
                 self._stream_error(stream_id, FRAME_SIZE_ERROR)
+            elif int.from_bytes(payload[:4], "big") & MAX_WINDOW == stream_id:
+                self._stream_error(stream_id, PROTOCOL_ERROR)  # depends on itself (5.3.1)
         elif kind == GOAWAY:
             if stream_id:
                 raise ConnectionError_(PROTOCOL_ERROR, "GOAWAY on a stream")
@@ -355,6 +338,12 @@ class Http2:
                 self._stream_error(stream_id, STREAM_CLOSED)
             self.consumed(0, size)  # dropped: nobody holds these bytes
             return
+        if stream.length >= 0:  # RFC 9113 8.1.1: DATA unlike content-length is malformed
+            stream.length -= len(data)
+            if stream.length < 0 or (flags & END_STREAM and stream.length):
+                self._stream_error(stream_id, PROTOCOL_ERROR)
+                self.consumed(0, size)
+                return
         if flags & END_STREAM:
             stream.remote_open = False
         if len(data) < size:
@@ -371,6 +360,8 @@ class Http2:
         if flags & PRIORITY_FLAG:
             if len(block) < 5:
                 raise ConnectionError_(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
+            if int.from_bytes(block[:4], "big") & MAX_WINDOW == stream_id:
+                flags |= _SELF_DEPENDENT
             block = block[5:]
         if flags & END_HEADERS:
             if len(block) > MAX_HEADER_BLOCK:
@@ -407,6 +398,11 @@ class Http2:
         # Decoded whatever becomes of the stream: the HPACK table is the connection's.
         headers = self._decode(block)
         stream = self.streams.get(stream_id)
+        if flags & _SELF_DEPENDENT:  # a stream that depends on itself (RFC 9113 5.3.1)
+            self.last_stream_id = max(self.last_stream_id, stream_id)
+            self._idle()
+            self._stream_error(stream_id, PROTOCOL_ERROR)
+            return
         if stream is None:
             if stream_id <= self.last_stream_id:
                 if stream_id in self._reset:
@@ -421,7 +417,11 @@ class Http2:
             if malformed is not None:
                 self._refuse(stream_id, malformed)
                 return
-            stream = self.streams[stream_id] = Stream(self._initial_window)
+            length = self._codec.content_length
+            if flags & END_STREAM and length > 0:  # RFC 9113 8.1.1: DATA unlike content-length
+                self._refuse(stream_id, "content-length without its DATA")
+                return
+            stream = self.streams[stream_id] = Stream(self._initial_window, length)
             if flags & END_STREAM:
                 stream.remote_open = False
             self._events.on_request(stream_id, headers)
@@ -431,6 +431,9 @@ class Http2:
         elif not flags & END_STREAM or any(key[:1] == b":" for key, _ in headers):
             # trailers must end the stream, and carry no pseudo-header (RFC 9113 8.1)
             self._stream_error(stream_id, PROTOCOL_ERROR)
+            return
+        elif stream.length > 0:
+            self._stream_error(stream_id, PROTOCOL_ERROR)  # ended short of its content-length
             return
         else:
             stream.remote_open = False

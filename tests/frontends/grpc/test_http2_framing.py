@@ -165,8 +165,8 @@ def test_data_past_the_window_is_a_flow_control_error() -> None:
 
 def test_a_header_block_over_the_limit_is_refused() -> None:
     big = hpack.Encoder().encode([*REQUEST, (b"x-huge", b"v" * (70 << 10))], huffman=False)
-    conn, _ = opened()
-    assert error_of(conn, raw_frame(1, 0x4, 1, big)) == framing.ENHANCE_YOUR_CALM
+    conn, _ = opened()  # in one frame: past our SETTINGS_MAX_FRAME_SIZE first
+    assert error_of(conn, raw_frame(1, 0x4, 1, big)) == framing.FRAME_SIZE_ERROR
     conn, _ = opened()
     pieces = raw_frame(1, 0, 1, big[:1000]) + b"".join(
         raw_frame(9, 0, 1, big[i : i + 16384]) for i in range(1000, len(big), 16384)
@@ -176,7 +176,11 @@ def test_a_header_block_over_the_limit_is_refused() -> None:
     conn, _ = opened()
     listed = hpack.Encoder().encode([*REQUEST, (b"x-big", b"v" * (64 << 10))], huffman=True)
     assert len(listed) < MAX_HEADER_BLOCK
-    assert error_of(conn, raw_frame(1, 0x4, 1, listed)) == framing.ENHANCE_YOUR_CALM
+    ends = range(16384, len(listed) + 16384, 16384)
+    cut = raw_frame(1, 0, 1, listed[:16384]) + b"".join(
+        raw_frame(9, 0x4 if end >= len(listed) else 0, 1, listed[end : end + 16384]) for end in ends
+    )
+    assert error_of(conn, cut) == framing.ENHANCE_YOUR_CALM
     # a CONTINUATION flood: empty frames that never end the block
     conn, _ = opened()
     flood = raw_frame(1, 0, 1, b"") + raw_frame(9, 0, 1, b"") * 100
