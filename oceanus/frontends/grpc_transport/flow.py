@@ -11,18 +11,14 @@ WINDOW = 16 << 20
 
 class Inflow:
     """One receive window, of the connection or of a stream: bytes received and not yet given
-    back by a WINDOW_UPDATE, and those of them consumed since the last one."""
+    back by a WINDOW_UPDATE (the framing counts them, and refuses DATA past WINDOW), and those
+    of them consumed since the last one."""
 
     __slots__ = ("consumed", "received")
 
     def __init__(self) -> None:
         self.received = 0
         self.consumed = 0
-
-    def take(self, size: int) -> bool:
-        """Counts `size` bytes received; False when they are past the window we granted."""
-        self.received += size
-        return self.received <= WINDOW
 
     def give_back(self, size: int) -> int:
         """Counts `size` bytes consumed; the increment to announce now, once half a window is
