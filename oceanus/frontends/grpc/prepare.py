@@ -30,7 +30,7 @@ Prepared: TypeAlias = "tuple[pb.ModelInferRequest, InferRequest | InferenceServe
 def prepare_now(data: bytes, shm: SharedMemoryManager) -> Prepared:
     """On the calling thread: for messages under FEW_BYTES, or on a thread already."""
     message, raw = codec.parse_infer_request(data)
-    return message, _decode_parsed(message, raw, shm)
+    return message, decode_parsed(message, raw, shm)
 
 
 async def prepare(data: bytes, shm: SharedMemoryManager) -> Prepared:
@@ -42,11 +42,11 @@ async def prepare(data: bytes, shm: SharedMemoryManager) -> Prepared:
     if len(data) >= FEW_BYTES and (
         len(message.inputs) + len(message.outputs) + len(message.parameters) > _MANY
     ):
-        return message, await asyncio.to_thread(_decode_parsed, message, raw, shm)
-    return message, _decode_parsed(message, raw, shm)
+        return message, await asyncio.to_thread(decode_parsed, message, raw, shm)
+    return message, decode_parsed(message, raw, shm)
 
 
-def _decode_parsed(
+def decode_parsed(
     message: pb.ModelInferRequest,
     raw: Sequence[bytes] | Sequence[memoryview],
     shm: SharedMemoryManager,

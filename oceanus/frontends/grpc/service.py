@@ -28,7 +28,7 @@ from oceanus.frontends.grpc import responses as response_codec
 from oceanus.frontends.grpc.admin import AdminRpcs
 from oceanus.frontends.grpc.errors import failure_status
 from oceanus.frontends.grpc.methods import UNARY_METHODS, Context, restricted, unary_handler
-from oceanus.frontends.grpc.prepare import FEW_BYTES, Prepared, prepare, prepare_now
+from oceanus.frontends.grpc.prepare import FEW_BYTES, Prepared, decode_parsed, prepare
 from oceanus.frontends.header_forward import HeaderForward
 from oceanus.logs import LogSettings
 
@@ -131,7 +131,8 @@ class GrpcService(AdminRpcs):
         """
         try:
             if len(data) < FEW_BYTES:  # the common case, without a coroutine
-                message, decoded = prepare_now(data, self.core.shared_memory)
+                message, raw = codec.parse_infer_request(data)
+                decoded = decode_parsed(message, raw, self.core.shared_memory)
             else:
                 message, decoded = await prepare(data, self.core.shared_memory)
             if isinstance(decoded, InferenceServerError):

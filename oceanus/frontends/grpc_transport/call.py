@@ -324,7 +324,8 @@ class Call:
     def finished(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
-        self.connection.release(self)  # what it held is the connection's window again
+        if self.held:
+            self.connection.release(self)  # what it held is the connection's window again
         # The task's frames (and a cancelled one's traceback) refer to the call, the request
         # stream refers back to it: without these references no cycle is left, and a call's
         # memory goes when it ends, not at the collector's next full pass (after 1,000 calls

@@ -304,7 +304,10 @@ class Http2:
 
     def _idle(self) -> None:
         """A frame that did no work: past the window's allowance, the peer is told to calm down."""
-        if not self._flood.spend_idle():
+        flood = self._flood
+        if flood.idle_frames < defences.FLOOD_FRAMES:  # the common case, without a call
+            flood.idle_frames += 1
+        elif not flood.spend_idle():
             raise ConnectionError_(ENHANCE_YOUR_CALM, "too many frames that do no work")
 
     def _stream_error(self, stream_id: int, code: int) -> None:
