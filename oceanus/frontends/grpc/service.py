@@ -10,6 +10,7 @@ repository, shared memory, trace and log settings RPCs are admin.py's (`AdminRpc
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -35,8 +36,36 @@ from oceanus.logs import LogSettings
 log = logging.getLogger("oceanus.grpc")
 
 
-# A stream's responses in order; a traced response comes with its Trace (finished once written).
-Outbox: TypeAlias = "asyncio.Queue[bytes | tuple[bytes, Trace] | None]"
+# A stream's response, or None for its end; a traced one comes with its Trace (finished once
+# written).
+Item: TypeAlias = "bytes | tuple[bytes, Trace] | None"
+
+
+class Outbox:
+    """A stream's responses in order: what it uses of asyncio.Queue (`put_nowait`, `get`),
+    with one deque instead of a Queue's four and its Event (each open stream held ~1 KB of
+    them; ~1,000 held streams left the RSS 10 % up, docs/reliability.md)."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: collections.deque[Item] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: Item) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> Item:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
 
 
 async def _relay(
@@ -191,7 +220,7 @@ class GrpcService(AdminRpcs):
     async def model_stream_infer(self, requests: AsyncIterator[bytes], context: Context) -> None:
         """ModelStreamInfer: any number of requests; each response (or error) is written as soon
         as it is ready, carrying its request's id. Errors never end the stream."""
-        outbox: Outbox = asyncio.Queue()
+        outbox = Outbox()
         pending: set[asyncio.Future[Any]] = set()
         writer = asyncio.ensure_future(_write_all(outbox, context))
         metadata = list(context.invocation_metadata() or ()) if self.header_forward else []
