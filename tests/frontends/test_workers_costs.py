@@ -18,8 +18,27 @@ from tritonclient.grpc import service_pb2 as pb
 
 from oceanus.examples import example_repository
 from oceanus.frontends.grpc_transport.call import MAX_DETAILS
+from oceanus.frontends.http.infer import decode_on_loop
+from oceanus.frontends.http.protocol import HttpRequest
 
 ZEROS = b"\0" * (8 << 20)  # 8 KiB of gzip
+
+
+@pytest.mark.parametrize(
+    ("body", "encoding", "on_loop"),
+    [
+        (gzip.compress(b"{}"), b"gzip", True),  # small: inflated at once
+        (gzip.compress(ZEROS), b"gzip", False),  # 8 KiB of gzip: a thread inflates it
+        (gzip.compress(ZEROS), b" Identity ", True),  # not compressed after all
+        (b"{" + b" " * (2 << 20) + b"}", None, False),  # 2 MiB: a thread decodes it
+    ],
+)
+def test_the_workers_and_the_in_process_frontend_keep_the_same_bodies_off_the_loop(
+    body: bytes, encoding: bytes | None, on_loop: bool
+) -> None:
+    """One rule (http/infer.py `decode_on_loop`) for app.py and workers/handlers.py."""
+    headers = {b"content-encoding": encoding} if encoding else {}
+    assert decode_on_loop(HttpRequest("POST", "/v2/models/m/infer", headers, body)) is on_loop
 
 
 @pytest.fixture(scope="module")

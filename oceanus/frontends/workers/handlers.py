@@ -21,8 +21,6 @@ import grpc
 from oceanus.core.errors import InferenceServerError
 from oceanus.core.shared_memory import Region, SharedMemoryManager, ShmTarget
 from oceanus.core.types import InferRequest
-from oceanus.frontends.compression import inflate_inline
-from oceanus.frontends.decoding import DECODE_ON_THREAD_BYTES
 from oceanus.frontends.grpc import health
 from oceanus.frontends.grpc import responses as grpc_responses
 from oceanus.frontends.grpc.errors import grpc_status
@@ -34,6 +32,7 @@ from oceanus.frontends.http.infer import (
     HTTP_CALLER,
     Finisher,
     decode_infer,
+    decode_on_loop,
     infer_route,
 )
 from oceanus.frontends.http.protocol import HttpRequest, HttpResponse, Pending, Streamed
@@ -97,9 +96,7 @@ class WorkerHttp:
             try:
                 if self._restrictions:
                     check_restriction(self._restrictions, request, request.path.split("/")[2:])
-                if len(request.body) > DECODE_ON_THREAD_BYTES or not inflate_inline(
-                    len(request.body), request.headers.get(b"content-encoding")
-                ):  # as the in-process frontend: big bodies and inflation off the loop
+                if not decode_on_loop(request):  # as the in-process frontend decides
                     later = self._infer_later(request, route[0], route[1])
                     return Pending(asyncio.ensure_future(later), _as_is)
                 infer_request, finisher = decode_infer(
