@@ -193,13 +193,17 @@ class MessageReader:
 class RequestStream:
     """The request messages of a streaming call, as the async iterator handlers read."""
 
-    __slots__ = ("_deserialize", "_ended", "_messages", "_reader", "_waiter")
+    __slots__ = ("_call", "_deserialize", "_ended", "_messages", "_reader", "_waiter")
 
     def __init__(
-        self, deserialize: Callable[[bytes], Any] | None, reader: MessageReader | None = None
+        self,
+        deserialize: Callable[[bytes], Any] | None,
+        reader: MessageReader | None = None,
+        call: Call | None = None,
     ) -> None:
         self._messages: deque[bytes | Compressed] = deque()
         self._reader = reader
+        self._call = call  # told when every message received has been read
         self._ended = False
         self._waiter: asyncio.Future[None] | None = None
         self._deserialize = deserialize
@@ -211,6 +215,11 @@ class RequestStream:
     def end(self) -> None:
         self._ended = True
         self._wake()
+
+    @property
+    def unread(self) -> bool:
+        """Whether messages wait for the handler to read them."""
+        return bool(self._messages)
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -230,6 +239,8 @@ class RequestStream:
             finally:
                 self._waiter = None
         message = self._messages.popleft()
+        if not self._messages and self._call is not None:
+            self._call.connection.release(self._call)
         if isinstance(message, Compressed):
             reader = self._reader
             assert reader is not None
@@ -247,6 +258,7 @@ class Call:
         "handler",
         "headers",
         "headers_sent",
+        "held",
         "messages",
         "metadata",
         "offset",
@@ -286,6 +298,7 @@ class Call:
         self.offset = 0
         self.trailers: list[tuple[bytes, bytes]] | None = None
         self.writable: asyncio.Future[None] | None = None
+        self.held = 0  # request bytes received while messages waited unread (flow.py)
         self._callbacks: list[Callable[[Any], None]] = []
 
     # ---- what handlers use of grpc.aio's ServicerContext --------------------------------
@@ -311,6 +324,14 @@ class Call:
     def finished(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
+        if self.held:
+            self.connection.release(self)  # what it held is the connection's window again
+        # The task's frames (and a cancelled one's traceback) refer to the call, the request
+        # stream refers back to it: without these references no cycle is left, and a call's
+        # memory goes when it ends, not at the collector's next full pass (after 1,000 calls
+        # held by one client, the RSS stayed ~10 % up until then).
+        self.task = None
+        self.requests = None
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback(self)

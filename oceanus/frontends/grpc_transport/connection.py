@@ -1,12 +1,10 @@
 """One client connection of the gRPC transport: its HTTP/2 state (framing.py), its calls, their
-flow control, keepalive and grpc core's ping policy, connection age and going away."""
+flow control, its pings (keepalive.py), connection age and going away."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import time
 from typing import TYPE_CHECKING, cast
 
 import grpc
@@ -26,13 +24,13 @@ from oceanus.frontends.grpc_transport.call import (
     parse_timeout,
     status_trailers,
 )
+from oceanus.frontends.grpc_transport.keepalive import Pings
 
 if TYPE_CHECKING:
     from oceanus.frontends.grpc_transport.server import H2Server
 
 log = logging.getLogger("oceanus.grpc")
 
-_NO_CALLS_PING_INTERVAL_S = 7200.0  # grpc core: pings without calls, when not permitted
 # Bytes queued on a streaming call before its writer waits for the peer to read.
 _WRITE_HIGH_WATER = 1 << 20
 
@@ -59,12 +57,7 @@ class Connection(asyncio.Protocol):
         self._going_away = False
         self._drained = asyncio.Event()
         self._timers: list[asyncio.TimerHandle] = []
-        self._ping_due: asyncio.TimerHandle | None = None
-        self._ping_deadline: asyncio.TimerHandle | None = None
-        self._pings_unanswered = 0
-        self._pings_without_data = 0
-        self._last_ping_received: float | None = None
-        self._ping_strikes = 0
+        self._pings = Pings(self._limits, self._h2, self._has_calls, self._flush, self._close)
         self.peer = ""
 
     # ---- asyncio.Protocol ---------------------------------------------------------------
@@ -77,7 +70,8 @@ class Connection(asyncio.Protocol):
             self.peer = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
         self._server.connections.add(self)
         self._h2.initiate()
-        self._schedule_ping()
+        self._pings.peer = self.peer
+        self._pings.start()
         limits = self._limits
         if limits.max_age_s is not None:
             self._timers.append(self._loop.call_later(limits.max_age_s, self._age_reached))
@@ -88,12 +82,11 @@ class Connection(asyncio.Protocol):
         self._transport = None
         for timer in self._timers:
             timer.cancel()
-        for handle in (self._ping_due, self._ping_deadline):
-            if handle is not None:
-                handle.cancel()
+        self._pings.stop()
         for call in list(self._calls.values()):
             self._abandon(call)
         self._calls.clear()
+        self._h2.streams.clear()  # the framing and the connection refer to each other
         self._drained.set()
 
     def data_received(self, data: bytes) -> None:
@@ -146,8 +139,6 @@ class Connection(asyncio.Protocol):
         for call in list(self._calls.values()):
             self._pump(call)
 
-    # ---- requests -----------------------------------------------------------------------
-
     # ---- events.Events ----------------------------------------------------------------------
 
     def on_request(self, stream_id: int, headers: list[tuple[bytes, bytes]]) -> None:
@@ -182,9 +173,9 @@ class Connection(asyncio.Protocol):
         reader = MessageReader(encoding, self._limits.max_message)
         call = Call(self, stream_id, handler, headers, reader)
         self._calls[stream_id] = call
-        self._pings_without_data = 0
+        self._pings.without_data = 0
         if handler.stream_stream is not None:
-            call.requests = RequestStream(handler.request_deserializer, reader)
+            call.requests = RequestStream(handler.request_deserializer, reader, call)
             call.task = self._loop.create_task(self._run(call))
         elif handler.unary_unary is None:
             del self._calls[stream_id]
@@ -194,21 +185,38 @@ class Connection(asyncio.Protocol):
             call.timer = self._loop.call_later(timeout, self._deadline, call)
 
     def on_data(self, stream_id: int, data: bytes) -> None:
+        # The windows refill as the handler reads (flow.py): bytes that come while messages
+        # wait unread are held until it has read them all, the others given back at once.
         call = self._calls.get(stream_id)
         if call is None or call.trailers is not None:
+            self._h2.consumed(stream_id, len(data))
             return  # a call answered already (or unknown): what it still sends is dropped
         try:
             messages = call.reader.feed(data)
         except MessageError as exc:
+            self._h2.consumed(stream_id, len(data))
             self._end_call(call, exc.code, exc.details)
             return
-        if not messages:
-            return
-        if call.requests is not None:
+        requests = call.requests
+        if requests is not None:
             for message in messages:
-                call.requests.push(message)
-        else:
+                requests.push(message)
+            unread = requests.unread
+        else:  # a unary call: bytes past its one message are held (the call fails at its end)
             call.messages.extend(messages)
+            unread = len(call.messages) > 1
+        if unread:
+            call.held += len(data)
+        else:
+            self._h2.consumed(stream_id, len(data))
+
+    def release(self, call: Call) -> None:
+        """The handler has read what the call received (or the call is over): the client may
+        send as much again."""
+        if call.held:
+            self._h2.consumed(call.stream_id, call.held)
+            call.held = 0
+            self._schedule_flush()
 
     def on_end(self, stream_id: int) -> None:
         call = self._calls.get(stream_id)
@@ -231,8 +239,14 @@ class Connection(asyncio.Protocol):
             self._abandon(call)
             self._check_drained()
 
+    def on_ping(self) -> None:
+        self._pings.received()
+
     def on_ping_ack(self) -> None:
-        self._pings_unanswered = 0
+        self._pings.unanswered = 0
+
+    def _has_calls(self) -> bool:
+        return bool(self._calls)
 
     def on_goaway(self) -> None:
         self._going_away = True
@@ -363,12 +377,12 @@ class Connection(asyncio.Protocol):
             if not call.headers_sent and (outgoing or call.trailers):
                 h2c.send_headers(stream_id, RESPONSE_HEADERS)
                 call.headers_sent = True
-                self._data_sent()
+                self._pings.data_sent()
             while outgoing:
                 window = h2c.window(stream_id)
                 if window <= 0:
                     break
-                self._data_sent()
+                self._pings.data_sent()
                 first = outgoing[0]
                 size = min(window, h2c.max_send_frame, len(first) - call.offset)
                 if call.offset == 0 and size == len(first):
@@ -400,13 +414,6 @@ class Connection(asyncio.Protocol):
         self._schedule_flush()
         self._check_drained()
 
-    def _data_sent(self) -> None:
-        """Headers or data go out: the ping policy starts over (grpc core's rule: a client's
-        pings count against it only while the server sends nothing)."""
-        self._pings_without_data = 0
-        self._ping_strikes = 0
-        self._last_ping_received = None
-
     def _check_drained(self) -> None:
         if self._going_away and not self._calls:
             self._drained.set()
@@ -426,50 +433,7 @@ class Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
-    # ---- keepalive, ping policy, age, going away -----------------------------------------
-
-    def _schedule_ping(self) -> None:
-        if self._limits.keepalive_time_s < 2**31 / 1000:
-            self._ping_due = self._loop.call_later(self._limits.keepalive_time_s, self._ping)
-
-    def _ping(self) -> None:
-        limits = self._limits
-        if self._pings_unanswered:
-            log.debug("gRPC connection from %s: keepalive ping unanswered", self.peer)
-            self._close()
-            return
-        allowed = self._calls or limits.permit_without_calls
-        limit = limits.max_pings_without_data
-        if allowed and (limit == 0 or self._pings_without_data < limit):
-            self._h2.ping(os.urandom(8))
-            self._pings_unanswered += 1
-            self._pings_without_data += 1
-            self._flush()
-            self._ping_deadline = self._loop.call_later(limits.keepalive_timeout_s, self._ping_late)
-        self._schedule_ping()
-
-    def _ping_late(self) -> None:
-        if self._pings_unanswered:
-            log.debug("gRPC connection from %s: keepalive ping timed out", self.peer)
-            self._close()
-
-    def on_ping(self) -> None:
-        """grpc core's ping policy: pings closer together than allowed while no data flows
-        are strikes; past the limit the connection gets GOAWAY ENHANCE_YOUR_CALM."""
-        limits = self._limits
-        now = time.monotonic()
-        if self._calls or limits.permit_without_calls:
-            interval = limits.min_ping_interval_s
-        else:
-            interval = _NO_CALLS_PING_INTERVAL_S
-        last, self._last_ping_received = self._last_ping_received, now
-        if last is None or now - last >= interval:
-            return
-        self._ping_strikes += 1
-        if self._ping_strikes > limits.max_ping_strikes > 0:
-            self._h2.goaway(framing.ENHANCE_YOUR_CALM, b"too_many_pings")
-            self._flush()
-            self._close()
+    # ---- age, going away -------------------------------------------------------------------
 
     def _age_reached(self) -> None:
         self.go_away()

@@ -1,4 +1,5 @@
-"""What the framing tells the connection as frames complete: the connection implements `Events`.
+"""What the framing tells the connection as frames complete (the connection implements `Events`),
+and the connection errors it raises.
 
 Method calls instead of event objects keep a gRPC request cheap (framing.py says why).
 """
@@ -6,6 +7,14 @@ Method calls instead of event objects keep a gRPC request cheap (framing.py says
 from __future__ import annotations
 
 from typing import Protocol
+
+
+class ConnectionError_(Exception):
+    """A connection error (RFC 9113 5.4.1): GOAWAY with `code`, then close."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class Events(Protocol):

@@ -1,9 +1,9 @@
 """HTTP/2 framing for a gRPC server (RFC 9113), header compression left to `hpack`.
 
-Only what a gRPC server needs: client streams, no push, no priorities (parsed and ignored),
-flow control both ways. Events go straight to the connection's methods (events.py) instead
-of event objects: the general `h2` state machine was most of a gRPC request's cost beside the
-servicer's (bench/grpc_transport_cost.py measures both).
+Only what a gRPC server needs: client streams, no push, no priorities (parsed, checked and
+ignored), flow control both ways (flow.py). Events go straight to the connection's methods
+(events.py), not event objects: the general `h2` state machine was most of a gRPC request's
+cost beside the servicer's (bench/grpc_transport_cost.py measures both).
 
 Errors: a connection error raises `ConnectionError_`; the caller sends `goaway(code)` and
 closes. A stream error resets that stream (RST_STREAM) and tells the connection it is gone.
@@ -19,7 +19,9 @@ import hpack
 
 from oceanus.frontends.grpc_transport import defences
 from oceanus.frontends.grpc_transport.defences import MAX_HEADER_BLOCK, FloodBudget
+from oceanus.frontends.grpc_transport.events import ConnectionError_ as ConnectionError_
 from oceanus.frontends.grpc_transport.events import Events
+from oceanus.frontends.grpc_transport.flow import WINDOW, Inflow, Stream
 from oceanus.frontends.grpc_transport.headers import HeaderCodec, refusal
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -38,53 +40,30 @@ INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
 
 MAX_WINDOW = 2**31 - 1
 DEFAULT_WINDOW = 65535
-# Receive windows: large enough that a tensor of a few MiB crosses without waiting for a
-# WINDOW_UPDATE round trip; the call's message limit bounds what a call may buffer.
-WINDOW = 16 << 20
-MAX_FRAME = 1 << 20  # what we accept (announced); frames we send follow the peer's setting
+# What we accept: RFC 9113's default, as grpc core announces; frames we send follow the peer's.
+MAX_FRAME = 16384
 # Streams we reset while the client may still be sending on them: frames arriving there are
 # ignored (RFC 9113 5.1, "closed"); the oldest are forgotten past this many.
 _RESET_MEMORY = 1024
 
+_SELF_DEPENDENT = 0x100  # not a wire flag: a header block whose priority names its own stream
 _HEAD = struct.Struct(">HBBBL")  # 24-bit length as 16 + 8 bits, type, flags, stream id
 _SETTING = struct.Struct(">HL")
 
 
 def _our_settings(max_streams: int) -> bytes:
-    return b"".join(
-        _SETTING.pack(key, value)
-        for key, value in (
-            (MAX_CONCURRENT_STREAMS, max_streams),
-            (INITIAL_WINDOW_SIZE, WINDOW),
-            (MAX_FRAME_SIZE, MAX_FRAME),
-            (MAX_HEADER_LIST_SIZE, defences.MAX_HEADER_LIST),
-        )
-    )
+    ours = {
+        MAX_CONCURRENT_STREAMS: max_streams,
+        INITIAL_WINDOW_SIZE: WINDOW,
+        MAX_FRAME_SIZE: MAX_FRAME,
+    }
+    ours[MAX_HEADER_LIST_SIZE] = defences.MAX_HEADER_LIST
+    return b"".join(_SETTING.pack(key, value) for key, value in ours.items())
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     length = len(payload)
     return _HEAD.pack(length >> 8, length & 0xFF, kind, flags, stream_id) + payload
-
-
-class ConnectionError_(Exception):
-    """A connection error (RFC 9113 5.4.1): GOAWAY with `code`, then close."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class Stream:
-    """A client stream we have not finished: our send window, the bytes received since our
-    last WINDOW_UPDATE for it, whether the client may still send."""
-
-    __slots__ = ("remote_open", "send_window", "unacked")
-
-    def __init__(self, send_window: int) -> None:
-        self.send_window = send_window
-        self.unacked = 0
-        self.remote_open = True
 
 
 class Http2:
@@ -110,7 +89,7 @@ class Http2:
         self._send_window = DEFAULT_WINDOW
         self._initial_window = DEFAULT_WINDOW
         self.max_send_frame = 16384
-        self._unacked = 0  # connection-level bytes received since our last WINDOW_UPDATE
+        self._inflow = Inflow()  # the connection's receive window, refilled by `consumed`
         # A header block still being received (HEADERS without END_HEADERS, CONTINUATIONs)
         self._block_stream = 0
         self._block_flags = 0
@@ -136,12 +115,24 @@ class Http2:
     def window(self, stream_id: int) -> int:
         """How many bytes of DATA the peer takes now on the stream (0 when it is gone)."""
         stream = self.streams.get(stream_id)
-        if stream is None:
-            return 0
-        return min(self._send_window, stream.send_window)
+        return 0 if stream is None else min(self._send_window, stream.send_window)
 
     def send_headers(self, stream_id: int, headers: list[tuple[bytes, bytes]]) -> None:
         self._send_block(stream_id, self._codec.encode(headers), 0)
+
+    def consumed(self, stream_id: int, size: int) -> None:
+        """The application has taken (or dropped) `size` bytes of the stream's DATA: the peer
+        gets them back, for the connection and the stream, half a window at a time."""
+        inflow = self._inflow
+        if inflow.consumed + size < WINDOW // 2:  # the common case, without a call
+            inflow.consumed += size
+        else:
+            increment = inflow.give_back(size)
+            self._out.append(frame(WINDOW_UPDATE, 0, 0, increment.to_bytes(4, "big")))
+        stream = self.streams.get(stream_id)  # once the client ended it, it sends no more there
+        increment = stream.give_back(size) if stream is not None and stream.remote_open else 0
+        if increment:
+            self._out.append(frame(WINDOW_UPDATE, 0, stream_id, increment.to_bytes(4, "big")))
 
     def send_data(self, stream_id: int, data: bytes) -> None:
         """DATA within `window(stream_id)` and `max_send_frame`, as the caller has checked."""
@@ -194,8 +185,8 @@ class Http2:
 
     @property
     def pending(self) -> bool:
-        """Whether whole frames wait in the buffer (past a turn's budget): call `receive(b"")`
-        on a later turn, and read no more from the peer meanwhile."""
+        """Whole frames wait past a turn's budget: `receive(b"")` on a later turn, reading no
+        more from the peer meanwhile."""
         return len(self._buffer) >= self._need
 
     def receive(self, data: bytes, budget: int = defences.FRAMES_PER_TURN) -> None:
@@ -293,6 +284,8 @@ class Http2:
                 raise ConnectionError_(PROTOCOL_ERROR, "PRIORITY on stream 0")
             if len(payload) != 5:
                 self._stream_error(stream_id, FRAME_SIZE_ERROR)
+            elif int.from_bytes(payload[:4], "big") & MAX_WINDOW == stream_id:
+                self._stream_error(stream_id, PROTOCOL_ERROR)  # depends on itself (5.3.1)
         elif kind == GOAWAY:
             if stream_id:
                 raise ConnectionError_(PROTOCOL_ERROR, "GOAWAY on a stream")
@@ -311,7 +304,10 @@ class Http2:
 
     def _idle(self) -> None:
         """A frame that did no work: past the window's allowance, the peer is told to calm down."""
-        if not self._flood.spend_idle():
+        flood = self._flood
+        if flood.idle_frames < defences.FLOOD_FRAMES:  # the common case, without a call
+            flood.idle_frames += 1
+        elif not flood.spend_idle():
             raise ConnectionError_(ENHANCE_YOUR_CALM, "too many frames that do no work")
 
     def _stream_error(self, stream_id: int, code: int) -> None:
@@ -332,32 +328,33 @@ class Http2:
         if not stream_id:
             raise ConnectionError_(PROTOCOL_ERROR, "DATA on stream 0")
         size = len(payload)  # padding counts against the windows too
-        self._unacked += size
-        if self._unacked > WINDOW:
+        inflow = self._inflow  # (Inflow's arithmetic inline: this runs for every DATA frame)
+        inflow.received += size
+        if inflow.received > WINDOW:
             raise ConnectionError_(FLOW_CONTROL_ERROR, "DATA past the connection window")
-        if self._unacked >= WINDOW // 2:
-            self._out.append(frame(WINDOW_UPDATE, 0, 0, self._unacked.to_bytes(4, "big")))
-            self._unacked = 0
-        data = self._strip_padding(flags, payload)
+        data = self._strip_padding(flags, payload) if flags & PADDED else payload
         stream = self.streams.get(stream_id)
-        if stream is None:
-            if stream_id > self.last_stream_id:
+        if stream is not None and stream.remote_open:
+            stream.received += size
+        if stream is None or not stream.remote_open or stream.received > WINDOW:
+            if stream is None and stream_id > self.last_stream_id:
                 raise ConnectionError_(PROTOCOL_ERROR, "DATA on an idle stream")
-            if stream_id not in self._reset:
+            if stream is not None and stream.remote_open:
+                self._stream_error(stream_id, FLOW_CONTROL_ERROR)
+            elif stream is not None or stream_id not in self._reset:
                 self._stream_error(stream_id, STREAM_CLOSED)
+            self.consumed(0, size)  # dropped: nobody holds these bytes
             return
-        if not stream.remote_open:
-            self._stream_error(stream_id, STREAM_CLOSED)
-            return
-        stream.unacked += size
-        if stream.unacked > WINDOW:
-            self._stream_error(stream_id, FLOW_CONTROL_ERROR)
-            return
+        if stream.length >= 0:  # RFC 9113 8.1.1: DATA unlike content-length is malformed
+            stream.length -= len(data)
+            if stream.length < 0 or (flags & END_STREAM and stream.length):
+                self._stream_error(stream_id, PROTOCOL_ERROR)
+                self.consumed(0, size)
+                return
         if flags & END_STREAM:
             stream.remote_open = False
-        elif stream.unacked >= WINDOW // 2:
-            self._out.append(frame(WINDOW_UPDATE, 0, stream_id, stream.unacked.to_bytes(4, "big")))
-            stream.unacked = 0
+        if len(data) < size:
+            self.consumed(stream_id, size - len(data))  # the padding
         if data:
             self._events.on_data(stream_id, data)
         if flags & END_STREAM and stream_id in self.streams:
@@ -370,6 +367,8 @@ class Http2:
         if flags & PRIORITY_FLAG:
             if len(block) < 5:
                 raise ConnectionError_(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
+            if int.from_bytes(block[:4], "big") & MAX_WINDOW == stream_id:
+                flags |= _SELF_DEPENDENT
             block = block[5:]
         if flags & END_HEADERS:
             if len(block) > MAX_HEADER_BLOCK:
@@ -406,6 +405,11 @@ class Http2:
         # Decoded whatever becomes of the stream: the HPACK table is the connection's.
         headers = self._decode(block)
         stream = self.streams.get(stream_id)
+        if flags & _SELF_DEPENDENT:  # a stream that depends on itself (RFC 9113 5.3.1)
+            self.last_stream_id = max(self.last_stream_id, stream_id)
+            self._idle()
+            self._stream_error(stream_id, PROTOCOL_ERROR)
+            return
         if stream is None:
             if stream_id <= self.last_stream_id:
                 if stream_id in self._reset:
@@ -420,7 +424,11 @@ class Http2:
             if malformed is not None:
                 self._refuse(stream_id, malformed)
                 return
-            stream = self.streams[stream_id] = Stream(self._initial_window)
+            length = self._codec.content_length
+            if flags & END_STREAM and length > 0:  # RFC 9113 8.1.1: DATA unlike content-length
+                self._refuse(stream_id, "content-length without its DATA")
+                return
+            stream = self.streams[stream_id] = Stream(self._initial_window, length)
             if flags & END_STREAM:
                 stream.remote_open = False
             self._events.on_request(stream_id, headers)
@@ -430,6 +438,9 @@ class Http2:
         elif not flags & END_STREAM or any(key[:1] == b":" for key, _ in headers):
             # trailers must end the stream, and carry no pseudo-header (RFC 9113 8.1)
             self._stream_error(stream_id, PROTOCOL_ERROR)
+            return
+        elif stream.length > 0:
+            self._stream_error(stream_id, PROTOCOL_ERROR)  # ended short of its content-length
             return
         else:
             stream.remote_open = False

@@ -52,6 +52,8 @@ def check_request(headers: list[tuple[bytes, bytes]]) -> str | None:
             return f"Connection-specific header '{_shown(key)}'"
         if key == b"te" and value != b"trailers":
             return "Error parsing 'te' metadata"
+        if key == b"content-length" and not value.isdigit():
+            return "Error parsing 'content-length' metadata"
     for key in _REQUIRED:
         if key not in seen:
             return f"Missing '{key.decode()}' header"
@@ -79,6 +81,7 @@ class HeaderCodec:
         # client sending the same fully indexed headers every call is answered from here.
         self._decoded: tuple[bytes, list[tuple[bytes, bytes]]] | None = None
         self._checked: list[tuple[bytes, bytes]] | None = None  # the last list found well formed
+        self.content_length = -1
         # Our constant header lists encoded, while the encoder's table has not changed.
         self._encoded: dict[int, tuple[list[tuple[bytes, bytes]], bytes]] = {}
 
@@ -88,12 +91,15 @@ class HeaderCodec:
         self._encoded.clear()
 
     def malformed(self, headers: list[tuple[bytes, bytes]]) -> str | None:
-        """`check_request`, skipped for the list last found well formed."""
+        """`check_request`, skipped for the list last found well formed; `content_length`
+        is then the list's content-length (-1 without one)."""
         if headers is self._checked:
             return None
         malformed = check_request(headers)
         if malformed is None:
             self._checked = headers
+            lengths = [int(value) for key, value in headers if key == b"content-length"]
+            self.content_length = lengths[0] if len(set(lengths)) == 1 else -1
         return malformed
 
     def encode(self, headers: list[tuple[bytes, bytes]]) -> bytes:

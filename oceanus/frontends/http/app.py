@@ -15,8 +15,6 @@ from oceanus.core.errors import InferenceServerError, internal, invalid_arg, uns
 from oceanus.core.observability.tracing import Trace, TraceSettingError
 from oceanus.core.server import DECOUPLED_UNSUPPORTED, ServerCore
 from oceanus.core.types import InferRequest, InferResponse, is_number
-from oceanus.frontends.compression import inflate_inline
-from oceanus.frontends.decoding import DECODE_ON_THREAD_BYTES
 from oceanus.frontends.header_forward import HeaderForward
 from oceanus.frontends.http import codec, generate, shared_memory
 from oceanus.frontends.http.errors import http_status
@@ -26,6 +24,7 @@ from oceanus.frontends.http.infer import (
     Finisher,
     decode_infer,
     decode_infer_later,
+    decode_on_loop,
     request_body,
 )
 from oceanus.frontends.http.protocol import (
@@ -205,10 +204,7 @@ class HttpFrontend:
         return request_body(request, self.max_input_size)
 
     def _infer(self, request: HttpRequest, name: str, version: str) -> Outcome:
-        body = request.body
-        if len(body) > DECODE_ON_THREAD_BYTES or not inflate_inline(
-            len(body), request.headers.get(b"content-encoding")
-        ):
+        if not decode_on_loop(request):
             later = self._infer_later(request, name, version)
             return Pending(asyncio.ensure_future(later), _task_result)
         try:

@@ -18,7 +18,8 @@ from typing import Any
 from oceanus.core.errors import InferenceServerError, invalid_arg
 from oceanus.core.shared_memory import SharedMemoryManager
 from oceanus.core.types import InferRequest, is_number
-from oceanus.frontends.compression import inflate
+from oceanus.frontends.compression import inflate, inflate_inline
+from oceanus.frontends.decoding import DECODE_ON_THREAD_BYTES
 from oceanus.frontends.http import codec
 from oceanus.frontends.http.protocol import Headers, HttpRequest, HttpResponse
 from oceanus.frontends.http.responses import JSON, HttpError, error_of
@@ -46,6 +47,15 @@ def request_body(request: HttpRequest, max_input_size: int) -> bytes:
 
 
 Finisher = Callable[[asyncio.Future[Any]], HttpResponse]
+
+
+def decode_on_loop(request: HttpRequest) -> bool:
+    """Whether an infer body may be decoded on the event loop: not over DECODE_ON_THREAD_BYTES,
+    and not compressed past INFLATE_INLINE_BYTES (the in-process frontend and the frontend
+    workers decide alike)."""
+    size = len(request.body)
+    encoding = request.headers.get(b"content-encoding")
+    return size <= DECODE_ON_THREAD_BYTES and inflate_inline(size, encoding)
 
 
 def decode_infer(

@@ -21,18 +21,18 @@ import grpc
 from oceanus.core.errors import InferenceServerError
 from oceanus.core.shared_memory import Region, SharedMemoryManager, ShmTarget
 from oceanus.core.types import InferRequest
-from oceanus.frontends.decoding import DECODE_ON_THREAD_BYTES
-from oceanus.frontends.grpc import codec as grpc_codec
 from oceanus.frontends.grpc import health
 from oceanus.frontends.grpc import responses as grpc_responses
 from oceanus.frontends.grpc.errors import grpc_status
 from oceanus.frontends.grpc.methods import SERVICE_NAME, UNARY_METHODS, Context, restricted
+from oceanus.frontends.grpc.prepare import prepare
 from oceanus.frontends.header_forward import HeaderForward
 from oceanus.frontends.http.app import check_restriction
 from oceanus.frontends.http.infer import (
     HTTP_CALLER,
     Finisher,
     decode_infer,
+    decode_on_loop,
     infer_route,
 )
 from oceanus.frontends.http.protocol import HttpRequest, HttpResponse, Pending, Streamed
@@ -96,7 +96,7 @@ class WorkerHttp:
             try:
                 if self._restrictions:
                     check_restriction(self._restrictions, request, request.path.split("/")[2:])
-                if len(request.body) > DECODE_ON_THREAD_BYTES:
+                if not decode_on_loop(request):  # as the in-process frontend decides
                     later = self._infer_later(request, route[0], route[1])
                     return Pending(asyncio.ensure_future(later), _as_is)
                 infer_request, finisher = decode_infer(
@@ -170,10 +170,12 @@ class WorkerGrpc:
         client = self._client
         if not client.tracing:
             try:
-                if len(data) > DECODE_ON_THREAD_BYTES:
-                    request = await asyncio.to_thread(grpc_codec.decode, data, CORE_REGIONS)
-                else:
-                    request = grpc_codec.decode(data, CORE_REGIONS)
+                # the in-process frontend's bounds: heavy parsing and decoding off the loop
+                # (the transport inflated a large compressed message off it already)
+                _, decoded = await prepare(data, CORE_REGIONS)
+                if isinstance(decoded, InferenceServerError):
+                    raise decoded  # the core answers it, in Triton's order and words
+                request = decoded
                 if self._header_forward:
                     self._header_forward.apply(_metadata(context), request.parameters)
                 future = client.infer(request, GRPC_CALLER)

@@ -141,12 +141,15 @@ def test_window_updates_both_ways() -> None:
     assert conn.window(1) == 150  # 40 + 10, and the new initial size's 100 more
     assert ("window", 1) in recorder.events
     conn.data_to_send()
-    # receiving: a WINDOW_UPDATE for the connection and the stream once half is consumed
+    # receiving: nothing given back as DATA arrives, a WINDOW_UPDATE for the connection and
+    # the stream once the application has consumed half a window
     chunk = raw_frame(0, 0, 1, bytes(framing.MAX_FRAME))
-    for _ in range(framing.WINDOW // 2 // framing.MAX_FRAME - 1):
+    for _ in range(framing.WINDOW // framing.MAX_FRAME):
         conn.receive(chunk)
     assert conn.data_to_send() == b""
-    conn.receive(chunk)
+    conn.consumed(1, framing.WINDOW // 2 - 1)
+    assert conn.data_to_send() == b""
+    conn.consumed(1, 1)
     sent = frames_of(conn.data_to_send())
     half = (framing.WINDOW // 2).to_bytes(4, "big")
     assert sent == [(8, 0, 0, half), (8, 0, 1, half)]
@@ -156,14 +159,14 @@ def test_data_past_the_window_is_a_flow_control_error() -> None:
     conn, _ = opened()
     conn.receive(raw_frame(1, 0x4, 1, hpack.Encoder().encode(REQUEST)))
     conn.receive(raw_frame(1, 0x4, 3, hpack.Encoder().encode(REQUEST)))
-    conn._unacked = framing.WINDOW - 10  # as if the client had ignored our WINDOW_UPDATEs
+    conn._inflow.received = framing.WINDOW - 10  # as if the client had ignored our windows
     assert error_of(conn, raw_frame(0, 0, 3, bytes(11))) == framing.FLOW_CONTROL_ERROR
 
 
 def test_a_header_block_over_the_limit_is_refused() -> None:
     big = hpack.Encoder().encode([*REQUEST, (b"x-huge", b"v" * (70 << 10))], huffman=False)
-    conn, _ = opened()
-    assert error_of(conn, raw_frame(1, 0x4, 1, big)) == framing.ENHANCE_YOUR_CALM
+    conn, _ = opened()  # in one frame: past our SETTINGS_MAX_FRAME_SIZE first
+    assert error_of(conn, raw_frame(1, 0x4, 1, big)) == framing.FRAME_SIZE_ERROR
     conn, _ = opened()
     pieces = raw_frame(1, 0, 1, big[:1000]) + b"".join(
         raw_frame(9, 0, 1, big[i : i + 16384]) for i in range(1000, len(big), 16384)
@@ -173,7 +176,11 @@ def test_a_header_block_over_the_limit_is_refused() -> None:
     conn, _ = opened()
     listed = hpack.Encoder().encode([*REQUEST, (b"x-big", b"v" * (64 << 10))], huffman=True)
     assert len(listed) < MAX_HEADER_BLOCK
-    assert error_of(conn, raw_frame(1, 0x4, 1, listed)) == framing.ENHANCE_YOUR_CALM
+    ends = range(16384, len(listed) + 16384, 16384)
+    cut = raw_frame(1, 0, 1, listed[:16384]) + b"".join(
+        raw_frame(9, 0x4 if end >= len(listed) else 0, 1, listed[end : end + 16384]) for end in ends
+    )
+    assert error_of(conn, cut) == framing.ENHANCE_YOUR_CALM
     # a CONTINUATION flood: empty frames that never end the block
     conn, _ = opened()
     flood = raw_frame(1, 0, 1, b"") + raw_frame(9, 0, 1, b"") * 100
