@@ -168,20 +168,28 @@ def model_json(settings: ServeSettings) -> dict[str, Any]:
     if settings.enable_lora or settings.lora_modules:
         document["enable_lora"] = settings.enable_lora
         document["lora_modules"] = [lora_module(text) for text in settings.lora_modules]
+        for key in ("max_loras", "max_lora_rank"):
+            if getattr(settings, key) is not None:
+                document[key] = getattr(settings, key)
     return document
 
 
 def lora_module(text: str) -> dict[str, Any]:
-    """One --lora-modules value: `name=path`, or vLLM's JSON form."""
+    """One --lora-modules value: `name=path`, or vLLM's JSON form; a relative local folder is
+    made absolute (model.json lies elsewhere: it would be read against its version folder)."""
     if text.lstrip().startswith("{"):
         item = json.loads(text)
         if not isinstance(item, dict) or "name" not in item or "path" not in item:
             raise ValueError(f"--lora-modules JSON needs 'name' and 'path': {text}")
-        return item
-    name, sep, path = text.partition("=")
-    if not sep or not name or not path:
-        raise ValueError(f"--lora-modules expects name=path or JSON, got '{text}'")
-    return {"name": name, "path": path}
+    else:
+        name, sep, path = text.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--lora-modules expects name=path or JSON, got '{text}'")
+        item = {"name": name, "path": path}
+    folder = Path(str(item["path"])).expanduser()
+    if folder.is_dir():
+        item["path"] = str(folder.resolve())
+    return item
 
 
 def write_repository(settings: ServeSettings, root: Path) -> str:

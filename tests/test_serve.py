@@ -293,9 +293,10 @@ def test_the_four_gauges_move_under_load(served: Served) -> None:
     )
 
 
-def test_reasoning_parser_and_lora_refusal(tmp_path: Path) -> None:
+def test_reasoning_parser_and_a_missing_lora_folder(tmp_path: Path) -> None:
     """deepseek_r1 reads a reply without </think> as all reasoning (vLLM's reading): the random
-    model's reply comes back as reasoning_content, whole and streamed alike."""
+    model's reply comes back as reasoning_content, whole and streamed alike. An adapter folder
+    that is not there fails the start, naming it."""
     server = Served(
         ["--served-model-name", "m", "--reasoning-parser", "deepseek_r1"], tmp_path / "r"
     )
@@ -322,6 +323,6 @@ def test_reasoning_parser_and_lora_refusal(tmp_path: Path) -> None:
     lora = Served(["--enable-lora", "--lora-modules", "a=/nowhere"], tmp_path / "lora")
     try:
         assert lora.process.wait(180) == 1
-        assert "LoRA adapters are not yet supported" in lora.log_path.read_text()
+        assert "LoRA adapter 'a': no such folder /nowhere" in lora.log_path.read_text()
     finally:
         lora.stop()
