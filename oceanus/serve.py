@@ -223,6 +223,17 @@ class ServedNames:
     def _name(self, name: str) -> str:
         return self._internal if name in self._names else name
 
+    def internal_name(self, name: str) -> str:
+        """The repository's name for a served name (a LoRA load's base_model_name)."""
+        return self._name(name)
+
+    def public_name(self, name: str) -> str:
+        """The first served name for the repository's (a LoRA adapter's parent)."""
+        return self._names[0] if name == self._internal else name
+
+    def ready_versions(self) -> list[Any]:
+        return list(self._core.ready_versions())
+
     def ready(self) -> bool:
         return bool(self._core.ready())
 

@@ -109,6 +109,18 @@ class Engine(Scheduler):
             )
         return self.adapters.acquire(name)
 
+    def lora_activity(self) -> tuple[list[str], list[str]]:
+        if self.adapters is None:
+            return [], []
+        with self._cond:
+            running = {s.lora_id for s in self._running if s.lora_id}
+            waiting = {s.lora_id for s in self._waiting if s.lora_id}
+        name = self.adapters.name_of
+        return sorted(name(i) for i in running), sorted(name(i) for i in waiting)
+
+    def lora_names(self) -> list[str] | None:
+        return None if self.adapters is None else self.adapters.names()
+
     def _release_lora(self, seq: Sequence) -> None:
         if seq.lora_held and self.adapters is not None:
             seq.lora_held = False

@@ -137,8 +137,10 @@ def read_adapter(name: str, path: Path, adapter_id: int, max_rank: int, dtype: A
     from safetensors.torch import load_file
 
     config_file, weights_file = path / CONFIG, path / WEIGHTS
-    if not config_file.is_file() or not weights_file.is_file():
-        raise invalid_arg(f"LoRA adapter '{name}': {path} must hold peft's {CONFIG} and {WEIGHTS}")
+    if not config_file.is_file():  # vLLM's words (its server answers them with a 404)
+        raise not_found(f"No adapter found for {path}")
+    if not weights_file.is_file():
+        raise invalid_arg(f"LoRA adapter '{name}': {path} has no {WEIGHTS} (peft's format)")
     config = json.loads(config_file.read_text())
     rank, alpha = int(config.get("r", 8)), float(config.get("lora_alpha", 8))
     if rank > max_rank:
@@ -182,7 +184,8 @@ class Adapters:
         self._users: dict[int, int] = {}
         self._retired: dict[int, Adapter] = {}
 
-    def load(self, name: str, path: Path) -> Adapter:
+    def load(self, name: str, path: str | Path) -> Adapter:
+        path = Path(path)
         with self._lock:
             if name in self.by_name:
                 raise invalid_arg(f"The lora adapter '{name}' has already been loaded.")
@@ -235,6 +238,15 @@ class Adapters:
     def _drop(self, adapter: Adapter) -> None:
         for module in adapter.weights:
             self.linears[module].weights.pop(adapter.id, None)
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self.by_name)
+
+    def adapters(self) -> dict[str, str]:
+        """Name -> folder (core.generation.LoraAdapters)."""
+        with self._lock:
+            return {name: str(adapter.path) for name, adapter in self.by_name.items()}
 
     def name_of(self, adapter_id: int) -> str:
         with self._lock:

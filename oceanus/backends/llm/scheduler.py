@@ -206,6 +206,14 @@ class Scheduler:
         """A LoRA adapter's id, held for a sequence (engine.py's; others serve none)."""
         raise invalid_arg(f"LoRA adapters are not supported by the {self.args.engine} engine")
 
+    def lora_activity(self) -> tuple[list[str], list[str]]:
+        """The LoRA adapters of the running and of the waiting sequences, by name."""
+        return [], []
+
+    def lora_names(self) -> list[str] | None:
+        """The LoRA adapters loaded, by name (None: this engine serves none)."""
+        return None
+
     def _release_lora(self, seq: Sequence) -> None:
         """Let go of `seq`'s adapter (once): an unloaded adapter goes when its last user ends."""
 
