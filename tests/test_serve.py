@@ -79,6 +79,14 @@ def test_lora_flags_reach_model_json() -> None:
     document = model_json(settings)
     assert document["enable_lora"] is True
     assert document["lora_modules"] == [{"name": "a", "path": "/x"}, {"name": "b", "path": "/y"}]
+    assert "max_loras" not in document  # vLLM's defaults are model.json's
+    settings, _ = parse_args(
+        ["m", "--enable-lora", "--lora-modules", "c=tests", "--max-loras", "4", "--max-lora-rank=8"]
+    )
+    document = model_json(settings)
+    # A relative folder is the working directory's: made absolute for the model.json elsewhere.
+    assert document["lora_modules"] == [{"name": "c", "path": str(Path("tests").resolve())}]
+    assert (document["max_loras"], document["max_lora_rank"]) == (4, 8)
 
 
 @pytest.mark.parametrize(
