@@ -4,6 +4,8 @@ output equal to transformers + peft's `generate` on the same adapter (float32)."
 
 from __future__ import annotations
 
+import json
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -162,5 +164,47 @@ def test_unloading_an_adapter_in_use_lets_its_streams_finish(
         assert all(old not in lin.weights for lin in engine.adapters.linears.values())
         engine.adapters.load("all", adapters["all"])
         assert _run(engine, [("all", 1)]) == [expected[("all", 1)]]
+    finally:
+        engine.close()
+
+
+def _read(tmp_path: Path, keys: dict[str, Any], multi: dict[str, str] | None = None) -> Any:
+    from oceanus.backends.llm.args import read_engine_args
+
+    version = tmp_path / "1"
+    version.mkdir(exist_ok=True)
+    (version / "model.json").write_text(json.dumps({"model": str(cached_llm("tiny")), **keys}))
+    if multi is not None:
+        (version / "multi_lora.json").write_text(json.dumps(multi))
+    return read_engine_args(version, "m")
+
+
+def test_model_json_and_multi_lora_json(tmp_path: Path, adapters: dict[str, Path]) -> None:
+    """multi_lora.json (read when enable_lora is true; folders relative to the version folder)
+    and lora_modules in both of vLLM's forms; refusals name the key or the folder."""
+    (tmp_path / "1").mkdir()
+    shutil.copytree(adapters["attn"], tmp_path / "1" / "attn")
+    args = _read(
+        tmp_path,
+        {"enable_lora": "true", "lora_modules": [f"mlp={adapters['mlp']}"], "max_loras": 2},
+        {"attn": "attn"},
+    )
+    assert args.enable_lora and args.max_loras == 2 and args.max_lora_rank == 16
+    assert args.lora_modules == (("attn", tmp_path / "1" / "attn"), ("mlp", adapters["mlp"]))
+    # Without enable_lora, Triton's backend does not read multi_lora.json.
+    assert not _read(tmp_path, {}).enable_lora
+    with pytest.raises(InferenceServerError, match="LoRA adapter 'x': no such folder nowhere"):
+        _read(tmp_path, {"lora_modules": [{"name": "x", "path": "nowhere"}]})
+    with pytest.raises(InferenceServerError, match='"transformers" engine only'):
+        _read(tmp_path, {"enable_lora": True, "engine": "openvino"})
+
+
+def test_a_request_for_an_adapter_of_a_model_without_lora_is_refused() -> None:
+    folder = cached_llm("tiny")
+    engine = Engine(EngineArgs(model=folder, tokenizer=folder))
+    params = SamplingParams(max_tokens=2)
+    try:
+        with pytest.raises(InferenceServerError, match="without LoRA"):
+            engine.submit(engine.encode("Hi"), params, lambda out: None, lora_name="x")
     finally:
         engine.close()
