@@ -32,40 +32,58 @@ WEIGHTS = "adapter_model.safetensors"
 
 
 class LoraState:
-    """Shared by every wrapped linear of one engine: this pass's rows per adapter id."""
+    """Shared by every wrapped linear of one engine: which adapter each row of this pass runs.
 
-    def __init__(self) -> None:
-        # (adapter id, its rows as indices into the flattened tokens; None: every row).
-        self.groups: list[tuple[int, torch.Tensor | None]] = []
+    A linear adds every present adapter's delta in three ops, whatever their number: x @ A_cat
+    (the adapters' A^T side by side, `[in, R]`), times a `[rows, R]` mask that keeps each row's
+    own adapter's columns, then addmm with B_cat (`[R, out]`). For a pass on one adapter the
+    mask is left out. Measured against a gather/scatter loop per adapter
+    (bench/results/2026-12-06-llm-lora.md): fewer, larger ops."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self.present: tuple[int, ...] = ()  # the adapter ids in this pass, sorted
+        self.whole = False  # every row runs the one adapter present: no mask
+        self._rows = torch.zeros(0, dtype=torch.long)
+        self._masks: dict[tuple[tuple[int, int], ...], torch.Tensor] = {}
 
     def set_rows(self, adapter_per_row: list[int]) -> None:
         """Before a pass: each flattened token row's adapter id (0: the base model)."""
         present = set(adapter_per_row)
+        base = 0 in present
         present.discard(0)
-        if not present:
-            self.groups = []
-        elif len(present) == 1 and 0 not in adapter_per_row:
-            self.groups = [(present.pop(), None)]
-        else:
-            rows = torch.tensor(adapter_per_row, dtype=torch.long)
-            self.groups = [(aid, torch.nonzero(rows == aid)[:, 0]) for aid in sorted(present)]
+        self.present = tuple(sorted(present))
+        self.whole = len(present) == 1 and not base
+        self._masks = {}
+        if present and not self.whole:
+            self._rows = torch.tensor(adapter_per_row, dtype=torch.long)
 
-    def add(self, x: torch.Tensor, out: torch.Tensor, weights: dict[int, Any]) -> torch.Tensor:
+    def _mask(self, key: tuple[tuple[int, int], ...]) -> torch.Tensor:
+        """`[rows, R]`: 1 where the row's adapter owns the column ((id, rank) per adapter)."""
+        mask = self._masks.get(key)
+        if mask is None:
+            owners = torch.tensor([aid for aid, rank in key for _ in range(rank)])
+            mask = (self._rows[:, None] == owners[None, :]).to(self.dtype)
+            self._masks[key] = mask
+        return mask
+
+    def add(self, x: torch.Tensor, out: torch.Tensor, linear: LoraLinear) -> torch.Tensor:
         """`out` (the base linear's output for `x`) plus each present adapter's delta."""
-        mine = [(weights[aid], rows) for aid, rows in self.groups if aid in weights]
-        if not mine:
+        ids = tuple(aid for aid in self.present if aid in linear.weights)
+        if not ids:
             return out
+        a_cat, b_cat, key = linear.joined(ids)
         flat_x = x.reshape(-1, x.shape[-1])
-        flat = out.contiguous().view(-1, out.shape[-1])
-        for (a, b), rows in mine:
-            if rows is None:
-                flat.add_((flat_x @ a) @ b)
-            else:
-                flat.index_add_(0, rows, (flat_x.index_select(0, rows) @ a) @ b)
+        flat = out if out.is_contiguous() else out.contiguous()
+        flat = flat.view(-1, flat.shape[-1])
+        low = flat_x @ a_cat
+        if not self.whole:
+            low.mul_(self._mask(key))
+        flat.addmm_(low, b_cat)
         return flat.view(out.shape)
 
     def touches(self, *linears: LoraLinear) -> bool:
-        return any(aid in lin.weights for aid, _ in self.groups for lin in linears)
+        return any(aid in lin.weights for aid in self.present for lin in linears)
 
 
 class LoraLinear(nn.Module):
@@ -79,9 +97,28 @@ class LoraLinear(nn.Module):
         self.in_features: int = base.in_features  # type: ignore[assignment]
         self.out_features: int = base.out_features  # type: ignore[assignment]
         self.weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # The last set of adapters joined (consecutive passes mostly run the same set).
+        self._joined: tuple[tuple[int, ...], Any] = ((), None)
+
+    def joined(
+        self, ids: tuple[int, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[tuple[int, int], ...]]:
+        """The adapters' A^T side by side and their B^T stacked, and ((id, rank), ...)."""
+        if self._joined[0] == ids:
+            found: tuple[torch.Tensor, torch.Tensor, tuple[tuple[int, int], ...]] = self._joined[1]
+            return found
+        pairs = [self.weights[aid] for aid in ids]
+        if len(pairs) == 1:
+            a_cat, b_cat = pairs[0]
+        else:
+            a_cat = torch.cat([a for a, _ in pairs], dim=1)
+            b_cat = torch.cat([b for _, b in pairs], dim=0)
+        key = tuple((aid, a.shape[1]) for aid, (a, _) in zip(ids, pairs, strict=True))
+        self._joined = (ids, (a_cat, b_cat, key))
+        return a_cat, b_cat, key
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.state.add(x, self.base(x), self.weights)
+        return self.state.add(x, self.base(x), self)
 
 
 class LoraMLP(nn.Module):
@@ -173,7 +210,7 @@ class Adapters:
     last sequence using one ends (an unloaded name is refused to new requests at once)."""
 
     def __init__(self, model: nn.Module, max_rank: int, max_loras: int, dtype: Any) -> None:
-        self.state = LoraState()
+        self.state = LoraState(dtype)
         self.linears = wrap(model, self.state)
         self.max_rank = max_rank
         self.max_loras = max_loras
