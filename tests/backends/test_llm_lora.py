@@ -208,3 +208,17 @@ def test_a_request_for_an_adapter_of_a_model_without_lora_is_refused() -> None:
             engine.submit(engine.encode("Hi"), params, lambda out: None, lora_name="x")
     finally:
         engine.close()
+
+
+def test_adapters_over_int8_weights(adapters: dict[str, Path]) -> None:
+    """quantization int8 keeps the base's linears int8; the adapters' deltas still apply (the
+    output changes as the adapter asks: the first token equals peft's over float32 weights)."""
+    engine = Engine(_args(adapters, quantization="int8"))
+    try:
+        tokens = _run(engine, [(name, 0) for name in [None, *ADAPTERS]])
+    finally:
+        engine.close()
+    prompt = engine.encode(PROMPTS[0])
+    assert len({tuple(t) for t in tokens}) == 4  # each adapter changes the output
+    for name, got in zip([None, *ADAPTERS], tokens, strict=True):
+        assert got[:1] == peft_greedy(adapters[name] if name else None, prompt, 1), name

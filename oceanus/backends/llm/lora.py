@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from oceanus.backends.llm.linear import FusedMLP, PackedLinear
+from oceanus.backends.llm.quant import Int8Linear
 from oceanus.core.errors import invalid_arg, not_found
 
 CONFIG = "adapter_config.json"
@@ -144,8 +145,9 @@ class LoraMLP(nn.Module):
 
 
 def wrap(model: nn.Module, state: LoraState) -> dict[str, LoraLinear]:
-    """Wrap every linear of the decoder (not the LM head, not embeddings: as vLLM's default
-    targets) so adapters can be added at any time; returns them by module path."""
+    """Wrap every linear of the decoder (plain, oneDNN-packed or int8; not the LM head, not
+    embeddings: as vLLM's default targets) so adapters can be added at any time; returns them
+    by module path."""
     body = model.get_submodule("model") if hasattr(model, "model") else model
     for parent in list(body.modules()):
         if isinstance(parent, (FusedMLP, LoraLinear, LoraMLP)):
@@ -153,7 +155,7 @@ def wrap(model: nn.Module, state: LoraState) -> dict[str, LoraLinear]:
         for name, child in list(parent.named_children()):
             if isinstance(child, FusedMLP):
                 setattr(parent, name, LoraMLP(child, state))
-            elif type(child) in (nn.Linear, PackedLinear):
+            elif type(child) in (nn.Linear, PackedLinear, Int8Linear):
                 setattr(parent, name, LoraLinear(child, state))
     return {name: mod for name, mod in model.named_modules() if isinstance(mod, LoraLinear)}
 
