@@ -121,6 +121,8 @@ def test_openai_model_names_an_adapter(served: tuple[ServerProcess, Any]) -> Non
     cards = {m.id: m for m in client.models.list().data}
     assert cards["mlp"].parent == "llm_lora" and cards["mlp"].root == str(adapters["mlp"])
     assert cards["all"].parent == "llm_lora" and cards["llm_lora"].parent is None
+    one = client.models.retrieve("attn")
+    assert one.parent == "llm_lora" and one.root.endswith("attn")
     reply = client.completions.create(
         model="mlp",
         prompt=PROMPT,

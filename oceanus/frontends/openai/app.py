@@ -231,7 +231,8 @@ class OpenAIFrontend:
     def _model(self, name: str) -> dict[str, Any]:
         base, adapter = lora_routes.target(self.core, name)
         if adapter is not None:
-            return lora_routes.card(name, base, lora_routes.adapters(self.core)[name][1], 0)
+            folder = lora_routes.adapters(self.core)[name][1]
+            return lora_routes.card(name, base, folder, int(time.time()))
         return self._model_document(name)
 
     def _model_document(self, name: str) -> dict[str, Any]:
