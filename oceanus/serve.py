@@ -172,20 +172,28 @@ def model_json(settings: ServeSettings) -> dict[str, Any]:
     if settings.enable_lora or settings.lora_modules:
         document["enable_lora"] = settings.enable_lora
         document["lora_modules"] = [lora_module(text) for text in settings.lora_modules]
+        for key in ("max_loras", "max_lora_rank"):
+            if getattr(settings, key) is not None:
+                document[key] = getattr(settings, key)
     return document
 
 
 def lora_module(text: str) -> dict[str, Any]:
-    """One --lora-modules value: `name=path`, or vLLM's JSON form."""
+    """One --lora-modules value: `name=path`, or vLLM's JSON form; a relative local folder is
+    made absolute (model.json lies elsewhere: it would be read against its version folder)."""
     if text.lstrip().startswith("{"):
         item = json.loads(text)
         if not isinstance(item, dict) or "name" not in item or "path" not in item:
             raise ValueError(f"--lora-modules JSON needs 'name' and 'path': {text}")
-        return item
-    name, sep, path = text.partition("=")
-    if not sep or not name or not path:
-        raise ValueError(f"--lora-modules expects name=path or JSON, got '{text}'")
-    return {"name": name, "path": path}
+    else:
+        name, sep, path = text.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--lora-modules expects name=path or JSON, got '{text}'")
+        item = {"name": name, "path": path}
+    folder = Path(str(item["path"])).expanduser()
+    if folder.is_dir():
+        item["path"] = str(folder.resolve())
+    return item
 
 
 def write_repository(settings: ServeSettings, root: Path) -> str:
@@ -218,6 +226,17 @@ class ServedNames:
 
     def _name(self, name: str) -> str:
         return self._internal if name in self._names else name
+
+    def internal_name(self, name: str) -> str:
+        """The repository's name for a served name (a LoRA load's base_model_name)."""
+        return self._name(name)
+
+    def public_name(self, name: str) -> str:
+        """The first served name for the repository's (a LoRA adapter's parent)."""
+        return self._names[0] if name == self._internal else name
+
+    def ready_versions(self) -> list[Any]:
+        return list(self._core.ready_versions())
 
     def ready(self) -> bool:
         return bool(self._core.ready())

@@ -153,17 +153,31 @@ class ServeSettings:
     enable_lora: bool = setting(
         False,
         "--enable-lora",
-        "LoRA adapters (not yet supported: the start is refused)",
+        "serve LoRA adapters beside the base model (model.json enable_lora)",
         MODEL,
         bare=True,
     )
     lora_modules: list[str] = setting(
         [],
         "--lora-modules",
-        "adapters as name=path or JSON (not yet supported: the start is refused)",
+        "adapters loaded at start, as name=path or JSON (model.json lora_modules)",
         MODEL,
         many=True,
         metavar="NAME=PATH",
+    )
+    max_loras: int | None = setting(
+        None,
+        "--max-loras",
+        "adapters in one step (model.json max_loras; default 1)",
+        MODEL,
+        **POSITIVE,
+    )
+    max_lora_rank: int | None = setting(
+        None,
+        "--max-lora-rank",
+        "the largest adapter rank loaded (model.json max_lora_rank; default 16)",
+        MODEL,
+        **POSITIVE,
     )
     # ---- the server
     host: str = setting("0.0.0.0", "--host", "address to listen on", SERVER)

@@ -85,6 +85,14 @@ def test_lora_flags_reach_model_json() -> None:
     document = model_json(settings)
     assert document["enable_lora"] is True
     assert document["lora_modules"] == [{"name": "a", "path": "/x"}, {"name": "b", "path": "/y"}]
+    assert "max_loras" not in document  # vLLM's defaults are model.json's
+    settings, _ = parse_args(
+        ["m", "--enable-lora", "--lora-modules", "c=tests", "--max-loras", "4", "--max-lora-rank=8"]
+    )
+    document = model_json(settings)
+    # A relative folder is the working directory's: made absolute for the model.json elsewhere.
+    assert document["lora_modules"] == [{"name": "c", "path": str(Path("tests").resolve())}]
+    assert (document["max_loras"], document["max_lora_rank"]) == (4, 8)
 
 
 @pytest.mark.parametrize(
@@ -299,9 +307,10 @@ def test_the_four_gauges_move_under_load(served: Served) -> None:
     )
 
 
-def test_reasoning_parser_and_lora_refusal(tmp_path: Path) -> None:
+def test_reasoning_parser_and_a_missing_lora_folder(tmp_path: Path) -> None:
     """deepseek_r1 reads a reply without </think> as all reasoning (vLLM's reading): the random
-    model's reply comes back as reasoning_content, whole and streamed alike."""
+    model's reply comes back as reasoning_content, whole and streamed alike. An adapter folder
+    that is not there fails the start, naming it."""
     server = Served(
         ["--served-model-name", "m", "--reasoning-parser", "deepseek_r1"], tmp_path / "r"
     )
@@ -328,6 +337,6 @@ def test_reasoning_parser_and_lora_refusal(tmp_path: Path) -> None:
     lora = Served(["--enable-lora", "--lora-modules", "a=/nowhere"], tmp_path / "lora")
     try:
         assert lora.process.wait(180) == 1
-        assert "LoRA adapters are not yet supported" in lora.log_path.read_text()
+        assert "LoRA adapter 'a': no such folder /nowhere" in lora.log_path.read_text()
     finally:
         lora.stop()

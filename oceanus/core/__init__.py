@@ -13,6 +13,7 @@ only" (pyproject.toml, tools/face_contract.py) reads this tuple and reports ever
 - `prechecks`: the request checks a frontend worker runs for the core (validation, cache key);
 - `generation`: the typed language-model request and response (token ids, `SamplingParams`,
   `GenerationOutput`) the OpenAI routes and the LLM engine share;
+- `lora`: the ready models' LoRA adapters, found and loaded/unloaded for the OpenAI routes;
 - `observability.tracing`, `.statistics`, `.latency`, `.custom_metrics`: what the frontends
   export and what backends record;
 - `repository.model_config`, `repository.load_hints`: config parsing and load-error advice.
@@ -37,6 +38,7 @@ FACE = (
     "response_stream",
     "prechecks",
     "generation",
+    "lora",
     "observability.tracing",
     "observability.statistics",
     "observability.latency",

@@ -25,7 +25,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from oceanus.core.errors import InferenceServerError, invalid_arg, unavailable
-from oceanus.core.generation import GenerationInfo
+from oceanus.core.generation import GenerationInfo, LoraAdapters
 from oceanus.core.observability.custom_metrics import CustomMetricRegistry
 from oceanus.core.types import InferRequest, InferResponse
 
@@ -173,6 +173,10 @@ class BackendInstance(ABC):  # noqa: B024 - abstract through its two subclasses
         """An engine that takes typed requests (`InferRequest.generation`: token ids, typed
         sampling parameters) says so here, with its context length and tokenizer; None: the
         model speaks tensors only."""
+        return None
+
+    def lora_adapters(self) -> LoraAdapters | None:
+        """An engine that serves LoRA adapters hands them out here (None: it serves none)."""
         return None
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from oceanus.core.errors import invalid_arg
 
@@ -45,6 +45,9 @@ class SamplingParams:
     guided: str | None = None
     # (token id, bias) pairs added to the logits before anything else (OpenAI's logit_bias).
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # The LoRA adapter to run (None: the base model): Triton's vLLM backend reads it from the
+    # sampling parameters; the OpenAI frontend sets it when `model` names an adapter.
+    lora_name: str | None = None
     # Keys vLLM accepts that this engine does not act on (kept so a request is not refused).
     ignored: tuple[str, ...] = field(default=())
 
@@ -83,6 +86,10 @@ class SamplingParams:
                 values[name] = value if isinstance(value, str) else json.dumps(value)
             elif name == "logit_bias":
                 values[name] = _logit_bias(value)
+            elif name == "lora_name":
+                if not isinstance(value, str):
+                    raise invalid_arg("sampling parameter 'lora_name' must be a string")
+                values[name] = value or None
             elif name in _IGNORED:
                 ignored.append(name)
             else:
@@ -137,7 +144,6 @@ _IGNORED = frozenset(
         "spaces_between_special_tokens",
         "min_p",
         "detokenize",
-        "lora_name",
         "use_beam_search",
         "length_penalty",
     }
@@ -218,3 +224,17 @@ class GenerationInfo:
 
     max_model_len: int
     tokenizer_folder: Path
+
+
+class LoraAdapters(Protocol):
+    """An engine's LoRA adapters (the LLM backend's), by name: listed, loaded and unloaded at
+    run time. `load` raises INVALID_ARG for an adapter refused, NOT_FOUND for no adapter at
+    the path; `unload` NOT_FOUND for a name not loaded (its running requests finish)."""
+
+    def adapters(self) -> dict[str, str]:
+        """Name -> folder."""
+        ...
+
+    def load(self, name: str, path: str) -> None: ...
+
+    def unload(self, name: str) -> None: ...

@@ -16,7 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from oceanus.core import classification, datatypes, heap
 from oceanus.core.clock import MONOTONIC, Clock
 from oceanus.core.errors import ErrorCode, InferenceServerError, unavailable
-from oceanus.core.generation import GenerationInfo
+from oceanus.core.generation import GenerationInfo, LoraAdapters
 from oceanus.core.observability.statistics import ModelStatistics
 from oceanus.core.observability.tracing import ModelActivity
 from oceanus.core.response_stream import ResponseStream
@@ -141,6 +141,12 @@ class ModelVersion:
     def generation_info(self) -> GenerationInfo | None:
         """What an engine instance published for typed requests (None: tensors only)."""
         return self._workers[0].instance.generation_info() if self._workers else None
+
+    def lora_adapters(self) -> list[LoraAdapters]:
+        """Each instance's LoRA adapters (empty: the model serves none); every instance has its
+        own engine, so an adapter is loaded into each."""
+        found = [w.instance.lora_adapters() for w in self._workers]
+        return [adapters for adapters in found if adapters is not None]
 
     def infer(self, request: InferRequest) -> asyncio.Future[InferResponse]:
         """Validate and queue a request; the future resolves with its response."""

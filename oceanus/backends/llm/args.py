@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oceanus.backends.llm import gguf_model
+from oceanus.backends.llm import gguf_model, lora_config
 from oceanus.core.errors import invalid_arg, unavailable
 
 log = logging.getLogger("oceanus.backends.llm")
@@ -79,6 +79,14 @@ class EngineArgs:
     # a generating model served as an embedding model (embedder.py: the last token's hidden
     # state, normalized, as vLLM pools a decoder). vLLM's older `task: "embed"` means "pooling".
     runner: str = "auto"
+    # vLLM's LoRA keys (lora.py): adapters served beside the base model; at most `max_loras`
+    # adapters in one step, each of rank <= `max_lora_rank`.
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    # The adapters loaded at start, (name, folder): vLLM's `lora_modules` and Triton's
+    # `multi_lora.json` beside model.json (lora_config.py).
+    lora_modules: tuple[tuple[str, Path], ...] = ()
     # How `dtype` was chosen ("model.json", or why "auto" gave it); not a model.json key.
     dtype_source: str = "default"
 
@@ -87,19 +95,6 @@ class EngineArgs:
 # (`generation_config`, "auto" in vLLM) are not applied yet; a request's own, else vLLM's
 # defaults, are used.
 NOT_APPLIED = frozenset({"generation_config"})
-
-
-def _refuse_lora(raw: dict[str, Any], path: Path) -> None:
-    """LoRA adapters (`enable_lora`, `lora_modules`: `oceanus serve --enable-lora
-    --lora-modules`) are not served yet: refused at load, rather than serving the base model to
-    requests that name an adapter."""
-    enabled = raw.get("enable_lora") is True or str(raw.get("enable_lora", "")).lower() == "true"
-    if enabled or raw.get("lora_modules"):
-        raise unavailable(
-            f"{path}: LoRA adapters are not yet supported by Oceanus's CPU engine "
-            "('enable_lora' / 'lora_modules', vLLM's --enable-lora / --lora-modules): remove "
-            "them to serve the base model"
-        )
 
 
 # Not model.json keys.
@@ -231,15 +226,7 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
         raise invalid_arg(f"{path}: not valid JSON: {exc}") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("model"), str):
         raise invalid_arg(f"{path}: a JSON object with a 'model' string is required")
-    _refuse_lora(raw, path)
-    known = (
-        ({f for f in EngineArgs.__dataclass_fields__} - _INTERNAL)
-        | _ALSO_READ
-        | {
-            "enable_lora",
-            "lora_modules",
-        }
-    )
+    known = ({f for f in EngineArgs.__dataclass_fields__} - _INTERNAL) | _ALSO_READ
     for key in sorted(raw):
         if key in NOT_APPLIED:
             log.info("model '%s': %s key '%s' is not applied yet", model_name, MODEL_JSON, key)
@@ -270,6 +257,10 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
     if dtype not in ("float32", "bfloat16"):
         raise invalid_arg(f"{path}: dtype must be auto, float32 or bfloat16, got {dtype!r}")
     remote = raw.get("trust_remote_code", False)
+    modules = lora_config.lora_modules(raw, version_dir, path)
+    enable_lora = bool(modules) or str(raw.get("enable_lora", False)).lower() == "true"
+    if enable_lora and engine != "transformers":
+        raise invalid_arg(f'{path}: LoRA adapters run on the "transformers" engine only')
     return EngineArgs(
         model=model,
         tokenizer=tokenizer,
@@ -289,6 +280,10 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
         enable_prefix_caching=str(raw.get("enable_prefix_caching", True)).lower() != "false",
         quantization=quantization,
         runner=_runner(raw, path),
+        enable_lora=enable_lora,
+        max_loras=_int(raw, "max_loras", 1) or 1,
+        max_lora_rank=_int(raw, "max_lora_rank", 16) or 16,
+        lora_modules=modules,
         dtype_source=source,
     )
 

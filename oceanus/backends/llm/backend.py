@@ -43,6 +43,7 @@ from oceanus.core.errors import InferenceServerError, invalid_arg
 from oceanus.core.generation import (
     GenerationInfo,
     GenerationOutput,
+    LoraAdapters,
     PromptLogprob,
     SamplingParams,
 )
@@ -221,6 +222,9 @@ class LlmInstance(RequestInstance):
     def generation_info(self) -> GenerationInfo:
         return GenerationInfo(self.engine.max_len, Path(self.engine.args.tokenizer))
 
+    def lora_adapters(self) -> LoraAdapters | None:
+        return getattr(self.engine, "adapters", None)
+
     def close(self) -> None:
         self.engine.close()
         if self.metrics is not None:
@@ -277,6 +281,7 @@ class LlmInstance(RequestInstance):
                 if not k.startswith("triton_") and k not in ("headers",)
             }
             params = parse_sampling_parameters(json.dumps(given) if given else None)
+        self._check_lora(params.lora_name)
         flags = {name: bool(_flag(inputs, name)) for name in _FLAGS}
         state = _Request(
             stream=stream,
@@ -292,7 +297,19 @@ class LlmInstance(RequestInstance):
         def sink(out: StepOutput) -> None:
             self._send(state, out)
 
-        self.engine.submit(prompt, state.params, sink, stream.cancelled)
+        self.engine.submit(
+            prompt, state.params, sink, stream.cancelled, lora_name=state.params.lora_name
+        )
+
+    def _check_lora(self, name: str | None) -> None:
+        """Triton's vLLM backend's refusals of a `lora_name` (its messages, a 400)."""
+        if name is None:
+            return
+        names = self.engine.lora_names()
+        if names is None:
+            raise invalid_arg("LoRA feature is not enabled.")
+        if name not in names:
+            raise invalid_arg(f"LoRA {name} is not supported, we currently support {names}")
 
     def _send(self, state: _Request, out: StepOutput) -> None:
         """On the engine thread: one step's output becomes a response (streaming) or is kept

@@ -20,6 +20,7 @@ import torch
 from oceanus.backends.llm import loading
 from oceanus.backends.llm.args import EngineArgs
 from oceanus.backends.llm.kv_cache import SlotCache, attention_mask, packed_mask
+from oceanus.backends.llm.lora import Adapters
 from oceanus.backends.llm.sampler import Choice, choose, needs_row_work
 from oceanus.backends.llm.scheduler import (
     EngineCounters,
@@ -30,6 +31,7 @@ from oceanus.backends.llm.scheduler import (
     StepHook,
     StepOutput,
 )
+from oceanus.core.errors import invalid_arg
 
 __all__ = [
     "Engine",
@@ -76,6 +78,12 @@ class Engine(Scheduler):
             prefix_caching=args.enable_prefix_caching,
         )
         self._llg_tokenizer: Any = None  # llguidance's tokenizer, made on the first guided request
+        # LoRA (lora.py): the decoder's linears wrapped once, the start's adapters loaded.
+        self.adapters: Adapters | None = None
+        if args.enable_lora:
+            self.adapters = Adapters(model, args.max_lora_rank, args.max_loras, self.dtype)
+            for name, folder in args.lora_modules:
+                self.adapters.load(name, folder)
         self.threads = threads
         self._start()
 
@@ -94,13 +102,42 @@ class Engine(Scheduler):
                 hash((self.args.seed, seq.arrival_ns)) & 0x7FFFFFFF
             )
 
+    def _acquire_lora(self, name: str) -> int:
+        if self.adapters is None:
+            raise invalid_arg(
+                f"LoRA adapter '{name}' asked of a model without LoRA (model.json enable_lora)"
+            )
+        return self.adapters.acquire(name)
+
+    def lora_activity(self) -> tuple[list[str], list[str]]:
+        if self.adapters is None:
+            return [], []
+        with self._cond:
+            running = {s.lora_id for s in self._running if s.lora_id}
+            waiting = {s.lora_id for s in self._waiting if s.lora_id}
+        name = self.adapters.name_of
+        return sorted(name(i) for i in running), sorted(name(i) for i in waiting)
+
+    def lora_names(self) -> list[str] | None:
+        return None if self.adapters is None else self.adapters.names()
+
+    def _release_lora(self, seq: Sequence) -> None:
+        if seq.lora_held and self.adapters is not None:
+            seq.lora_held = False
+            self.adapters.release(seq.lora_id)
+
+    def _lora_rows(self, per_row: list[int]) -> None:
+        """Before a pass: which flattened token rows run which adapter."""
+        if self.adapters is not None:
+            self.adapters.state.set_rows(per_row)
+
     def _release(self, seq: Sequence, reason: str) -> None:
         super()._release(seq, reason)
         # On the engine thread, between passes. A sequence that ended normally leaves its full
         # blocks to the prefix cache (the last token's KV was never written); an aborted one
         # (cancelled, or a failed pass that may have left its cells half written) frees them.
         if reason in ("stop", "length"):
-            self.cache.keep(seq.slot, seq.prompt + seq.generated[:-1])
+            self.cache.keep(seq.slot, seq.prompt + seq.generated[:-1], seq.lora_id)
         else:
             self.cache.free(seq.slot)
 
@@ -112,7 +149,7 @@ class Engine(Scheduler):
         # Prompt logprobs need every prompt row's logits: such a prompt is computed whole.
         if not self.cache.prefix_caching or seq.params.prompt_logprobs is not None:
             return
-        entry, cached = self.cache.lookup(seq.prompt)
+        entry, cached = self.cache.lookup(seq.prompt, seq.lora_id)
         cached = min(cached, len(seq.prompt) - 1)
         self.counters.prefix_cache_queries += len(seq.prompt)
         if cached <= 0:
@@ -167,6 +204,7 @@ class Engine(Scheduler):
         if rows:
             kwargs["slot_lengths"] = [start + 1 for start in starts]
             kwargs["slot_offsets"] = offsets
+        self._lora_rows([s.lora_id for s in seqs for _ in range(q)])
         out = self.model(
             input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True, **kwargs
         )
@@ -247,6 +285,7 @@ class Engine(Scheduler):
             ]
         if self._keep_kw:
             kwargs["logits_to_keep"] = torch.tensor(rows or [last], dtype=torch.long)
+        self._lora_rows([s.lora_id for s, chunk in zip(seqs, chunks, strict=True) for _ in chunk])
         logits = self.model(
             input_ids=torch.tensor([ids], dtype=torch.long),
             position_ids=positions,

@@ -54,12 +54,14 @@ class _Entry:
     tokens: list[int]  # the cached tokens (whole blocks), to check a hash's match
     hashes: list[int]  # each block's chained hash
     used: int  # the LRU clock when it was last kept or taken from
+    salt: int = 0  # the LoRA adapter id whose KV this is (0: the base model's)
 
 
-def block_hashes(tokens: list[int], block: int) -> list[int]:
-    """Each full block's hash, chained: a block's hash covers every token before it."""
+def block_hashes(tokens: list[int], block: int, salt: int = 0) -> list[int]:
+    """Each full block's hash, chained: a block's hash covers every token before it, and
+    `salt` (a LoRA adapter's id: an adapter's KV differs from the base model's)."""
     hashes: list[int] = []
-    parent = 0
+    parent = hash(("lora", salt)) if salt else 0
     for end in range(block, len(tokens) + 1, block):
         parent = hash((parent, tuple(tokens[end - block : end])))
         hashes.append(parent)
@@ -258,7 +260,7 @@ class SlotCache(Cache):
 
     # ---- prefix caching ------------------------------------------------------------------------
 
-    def keep(self, slot: int, tokens: list[int]) -> None:
+    def keep(self, slot: int, tokens: list[int], salt: int = 0) -> None:
         """`slot`'s sequence ended having written the KV of `tokens`: keep its full blocks as a
         cached entry (unless prefix caching is off, nothing is whole, or every block is cached
         already), else free its cells."""
@@ -268,7 +270,7 @@ class SlotCache(Cache):
             return
         tokens = tokens[:whole]
         self._clock += 1
-        found, cached = self.lookup(tokens)
+        found, cached = self.lookup(tokens, salt)
         if cached == whole:  # nothing new: the entry that has it is used again
             self._entries[found].used = self._clock
             self.free(slot)
@@ -276,23 +278,25 @@ class SlotCache(Cache):
         start, _ = self._ranges.pop(slot)
         key = self._next_entry
         self._next_entry -= 1
-        hashes = block_hashes(tokens, self.block)
+        hashes = block_hashes(tokens, self.block, salt)
         self._ranges[key] = (start, whole)
-        self._entries[key] = _Entry(tokens, hashes, self._clock)
+        self._entries[key] = _Entry(tokens, hashes, self._clock, salt)
         for index, block_hash in enumerate(hashes):
             self._hashes[block_hash] = (key, index)
         self._shrink()
 
-    def lookup(self, tokens: list[int]) -> tuple[int, int]:
+    def lookup(self, tokens: list[int], salt: int = 0) -> tuple[int, int]:
         """The entry holding the longest run of `tokens`' leading full blocks and how many
-        tokens that is (0: none). The tokens are compared, so a hash collision is no hit."""
+        tokens that is (0: none), among the entries of the same `salt` (LoRA adapter). The
+        tokens are compared, so a hash collision is no hit."""
         found, cached = 0, 0
-        for index, block_hash in enumerate(block_hashes(tokens, self.block)):
+        for index, block_hash in enumerate(block_hashes(tokens, self.block, salt)):
             hit = self._hashes.get(block_hash)
             if hit is None or hit[1] != index:
                 break
             end = (index + 1) * self.block
-            if self._entries[hit[0]].tokens[:end] != tokens[:end]:
+            entry = self._entries[hit[0]]
+            if entry.salt != salt or entry.tokens[:end] != tokens[:end]:
                 break
             found, cached = hit[0], end
         return found, cached

@@ -91,8 +91,9 @@ class LlmMetrics:
             None,
         ),
     )
-    # vLLM's LoRA gauge: its labels say which adapters run and wait, its value is the time of
-    # the last update (as vLLM sets it). No adapters are served yet: empty lists, max_lora 0.
+    # vLLM's LoRA gauge: its labels say which adapters run and wait (comma-joined names) and
+    # max_lora (model.json max_loras; 0 without LoRA), its value is the time of the last update
+    # (as vLLM sets it). One series, the current labels: vLLM keeps every past label set.
     LORA = ("vllm:lora_requests_info", "Running stats on lora requests.")
 
     def __init__(
@@ -131,13 +132,12 @@ class LlmMetrics:
             bounds = token_buckets if isinstance(buckets, str) else buckets
             self._owner.new_metric(metric_id, family_id, self._labels, bounds)
             self._ids[name] = metric_id
-        family_id, metric_id = next(_ids), next(_ids)
-        self._owner.new_family(family_id, *self.LORA, GAUGE)
-        lora = {"running_lora_adapters": "", "waiting_lora_adapters": "", "max_lora": "0"}
-        self._owner.new_metric(metric_id, family_id, {**self._labels, **lora}, None)
-        self._ids[self.LORA[0]] = metric_id
-        self._owner.update(metric_id, "set", time.time())
+        self._lora_family = next(_ids)
+        self._owner.new_family(self._lora_family, *self.LORA, GAUGE)
+        self._max_lora = str(engine.max_loras if engine.lora_names() is not None else 0)
+        self._lora_labels: tuple[str, str] | None = None
         self._engine = engine
+        self._lora(engine)
         engine.on_finish = self._finished
         engine.on_step = self._stepped
 
@@ -167,7 +167,25 @@ class LlmMetrics:
         update(ids["vllm:num_requests_waiting"], "set", counters.waiting + self._queued())
         usage = counters.reserved_tokens / counters.budget_tokens if counters.budget_tokens else 0
         update(ids["vllm:kv_cache_usage_perc"], "set", usage)
-        update(ids[self.LORA[0]], "set", time.time())
+        self._lora(engine)
+
+    def _lora(self, engine: Scheduler) -> None:
+        """vllm:lora_requests_info: a new series when the adapters running or waiting change."""
+        running, waiting = engine.lora_activity()
+        labels = (",".join(running), ",".join(waiting))
+        if labels != self._lora_labels:
+            if self._lora_labels is not None:
+                self._owner.delete_metric(self._ids[self.LORA[0]])
+            metric_id = next(_ids)
+            lora = {
+                "running_lora_adapters": labels[0],
+                "waiting_lora_adapters": labels[1],
+                "max_lora": self._max_lora,
+            }
+            self._owner.new_metric(metric_id, self._lora_family, {**self._labels, **lora}, None)
+            self._ids[self.LORA[0]] = metric_id
+            self._lora_labels = labels
+        self._owner.update(self._ids[self.LORA[0]], "set", time.time())
 
     def _finished(self, seq: Sequence, reason: str) -> None:
         update = self._owner.update

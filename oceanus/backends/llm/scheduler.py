@@ -72,6 +72,9 @@ class Sequence:
     cached_tokens: int | None = None
     # Filled by the prefill when the sampling parameters ask for prompt logprobs (engine.py).
     prompt_logprobs: list[dict[int, tuple[float, int]]] = field(default_factory=list)
+    # The LoRA adapter's id (lora.py; 0: the base model), held from submit until released.
+    lora_id: int = 0
+    lora_held: bool = False
 
 
 @dataclass
@@ -108,6 +111,7 @@ class Scheduler:
         self.tokenizer: Any = tokenizer
         self.max_len = int(args.max_model_len or config.max_position_embeddings)
         self.slots = args.max_num_seqs
+        self.max_loras = args.max_loras  # distinct LoRA adapters in one step
         self.chunk = args.max_num_batched_tokens
         # The KV budget (memory.py): bytes from model.json / the environment / the machine, and
         # the tokens they buy, which admission reserves against.
@@ -153,9 +157,10 @@ class Scheduler:
         params: SamplingParams,
         sink: Callable[[StepOutput], None],
         cancelled: Callable[[], bool] = lambda: False,
+        lora_name: str | None = None,
     ) -> Sequence:
         """Queue a sequence; `sink` gets its outputs on the engine thread. Raises INVALID_ARG
-        for a prompt that cannot fit."""
+        for a prompt that cannot fit, NOT_FOUND for a LoRA adapter not loaded."""
         if not prompt:
             raise invalid_arg("the prompt is empty")
         if max(prompt) >= self.vocab or min(prompt) < 0:  # it would fail the whole batch's step
@@ -169,8 +174,12 @@ class Scheduler:
         seq = Sequence(prompt, params, sink, cancelled)
         seq.reserved = min(len(prompt) + params.max_tokens, self.max_len)
         self._prepare(seq)
+        if lora_name:
+            seq.lora_id = self._acquire_lora(lora_name)
+            seq.lora_held = True
         with self._cond:
             if self._closed:
+                self._release_lora(seq)
                 raise invalid_arg("the engine is stopping")
             self._waiting.append(seq)
             self.counters.waiting = len(self._waiting)
@@ -191,6 +200,9 @@ class Scheduler:
         """Under the lock: whether `_admit` will take every waiting sequence."""
         if len(self._waiting) > len(self._free):
             return False
+        adapters = {s.lora_id for s in [*self._running, *self._waiting] if s.lora_id}
+        if len(adapters) > self.max_loras:
+            return False
         need = sum(s.reserved for s in self._waiting)
         return self.counters.reserved_tokens + need <= self.budget or (
             not self._running and len(self._waiting) == 1
@@ -199,6 +211,21 @@ class Scheduler:
     def _prepare(self, seq: Sequence) -> None:
         """Per-sequence state of the subclass's own (a sampler's generator, a grammar); raises
         INVALID_ARG for what this engine cannot do."""
+
+    def _acquire_lora(self, name: str) -> int:
+        """A LoRA adapter's id, held for a sequence (engine.py's; others serve none)."""
+        raise invalid_arg(f"LoRA adapters are not supported by the {self.args.engine} engine")
+
+    def lora_activity(self) -> tuple[list[str], list[str]]:
+        """The LoRA adapters of the running and of the waiting sequences, by name."""
+        return [], []
+
+    def lora_names(self) -> list[str] | None:
+        """The LoRA adapters loaded, by name (None: this engine serves none)."""
+        return None
+
+    def _release_lora(self, seq: Sequence) -> None:
+        """Let go of `seq`'s adapter (once): an unloaded adapter goes when its last user ends."""
 
     def close(self) -> None:
         with self._cond:
@@ -237,11 +264,21 @@ class Scheduler:
         """Under the lock."""
         for seq in [s for s in self._waiting if s.cancelled()]:
             self._waiting.remove(seq)
-        while self._waiting and self._free:
-            seq = self._waiting[0]
+            self._release_lora(seq)
+        # At most max_loras adapters run in a step: a sequence of another adapter waits (and
+        # those behind it may pass), as vLLM's scheduler skips it.
+        adapters = {s.lora_id for s in self._running if s.lora_id}
+        index = 0
+        while index < len(self._waiting) and self._free:
+            seq = self._waiting[index]
+            if seq.lora_id and seq.lora_id not in adapters and len(adapters) >= self.max_loras:
+                index += 1
+                continue
             if self.counters.reserved_tokens + seq.reserved > self.budget and self._running:
                 break
-            self._waiting.popleft()
+            del self._waiting[index]
+            if seq.lora_id:
+                adapters.add(seq.lora_id)
             seq.slot = self._free.pop()
             self.counters.reserved_tokens += seq.reserved
             self._running.append(seq)
@@ -326,6 +363,7 @@ class Scheduler:
                 self.counters.reserved_tokens -= seq.reserved
                 self.counters.running = len(self._running)
             self._cond.notify_all()
+        self._release_lora(seq)
         if self.on_finish is not None:
             self.on_finish(seq, reason)
 
@@ -352,6 +390,7 @@ class Scheduler:
         """Under the lock, at close."""
         error = unavailable("the model is being unloaded")
         for seq in list(self._waiting) + list(self._running):
+            self._release_lora(seq)
             if not seq.finished:
                 seq.finished = True
                 seq.sink(StepOutput("", [], None, True, "abort", len(seq.prompt), 0, 0.0, error))

@@ -28,6 +28,7 @@ from oceanus.frontends.http.protocol import HttpRequest, HttpResponse, Pending, 
 from oceanus.frontends.openai import (
     anthropic,
     generation,
+    lora_routes,
     plans,
     reasoning,
     replies,
@@ -159,6 +160,10 @@ class OpenAIFrontend:
                 return replies.json_reply(self._models())
             return replies.json_reply(self._model(parts[2]))
         route = "/".join(parts[1:])
+        if route in lora_routes.ROUTES and lora_routes.runtime_updating():
+            _require(request, "POST")
+            work = lora_routes.route(self.core, route, request_body(request, self.max_input_size))
+            return Pending(asyncio.ensure_future(work), _finish)
         if route in ("score", "rerank"):
             return self._score(request, route)
         if route not in ("chat/completions", "completions", "embeddings"):
@@ -218,10 +223,17 @@ class OpenAIFrontend:
 
     def _models(self) -> dict[str, Any]:
         names = sorted({item["name"] for item in self.core.repository_index(ready_only=True)})
-        return {"object": "list", "data": [self._model_document(name) for name in names]}
+        data = [self._model_document(name) for name in names]
+        created = int(time.time())
+        for adapter, (base, folder) in sorted(lora_routes.adapters(self.core).items()):
+            data.append(lora_routes.card(adapter, base, folder, created))
+        return {"object": "list", "data": data}
 
     def _model(self, name: str) -> dict[str, Any]:
-        self._resolve(name)
+        base, adapter = lora_routes.target(self.core, name)
+        if adapter is not None:
+            folder = lora_routes.adapters(self.core)[name][1]
+            return lora_routes.card(name, base, folder, int(time.time()))
         return self._model_document(name)
 
     def _model_document(self, name: str) -> dict[str, Any]:
@@ -298,7 +310,7 @@ class OpenAIFrontend:
     # ---- chat and completions ---------------------------------------------------------------
 
     async def plan(self, body: ChatCompletionRequest | CompletionRequest) -> tuple[plans.Plan, Any]:
-        name = body.model
+        name, adapter = lora_routes.target(self.core, body.model)
         found = await self.model_tokenizer(name)
         self._require_inputs(name, "text_input")
         # The engine takes the ids tokenized here when they come from its own tokenizer.
@@ -329,6 +341,10 @@ class OpenAIFrontend:
             plan = await asyncio.to_thread(plans.chat_plan, body, found, parser, typed, thinking)
         else:
             plan = await asyncio.to_thread(plans.completion_plan, body, found, typed)
+
+        if adapter is not None:
+            plan.model, plan.base = adapter, name
+            plan.parameters["lora_name"] = adapter
 
         def count(text: str) -> int:  # a completion's tokens, when the model did not say
             return len(found.encode(text, False)) if found is not None and text else 0

@@ -46,13 +46,14 @@ async def merged(core: Streams, plan: Plan) -> AsyncGenerator[tuple[int, Piece],
                 parameters["seed"] += j
             request_id = f"{plan.id}-{p * plan.n + j}"
             logprobs = plan.logprobs is not None
+            model = plan.base or plan.model
             if plan.typed and prompt.ids is not None:
                 request = sampling.typed_request(
-                    plan.model, "", prompt.ids, plan.stream, parameters, logprobs, request_id
+                    model, "", prompt.ids, plan.stream, parameters, logprobs, request_id
                 )
             else:
                 request = sampling.generate_request(
-                    plan.model, "", prompt.text, plan.stream, parameters, logprobs, request_id
+                    model, "", prompt.text, plan.stream, parameters, logprobs, request_id
                 )
             streams.append((p * plan.n + j, core.infer_stream(request)))
 

@@ -63,6 +63,9 @@ class Plan:
     typed: bool = False
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    # The model the requests go to when `model` (what the reply names) is a LoRA adapter of
+    # it ("": `model` itself); the adapter then rides in the parameters' `lora_name`.
+    base: str = ""
 
 
 def _room(

@@ -48,6 +48,13 @@ def test_models_list_their_context(llm_server: Any) -> None:
     assert model["permission"][0]["object"] == "model_permission"
 
 
+def test_runtime_lora_routes_need_vllms_switch(llm_server: Any) -> None:
+    """Without VLLM_ALLOW_RUNTIME_LORA_UPDATING the routes do not exist, as in vLLM."""
+    body = {"lora_name": "a", "lora_path": "/nowhere"}
+    assert call(llm_server, "POST", "/v1/load_lora_adapter", body)[0] == 404
+    assert call(llm_server, "POST", "/v1/unload_lora_adapter", {"lora_name": "a"})[0] == 404
+
+
 def test_score_and_rerank_by_cosine(llm_server: Any) -> None:
     import numpy as np
 
