@@ -331,7 +331,9 @@ def test_browser_shows_a_language_models_tokens_and_token_times(
     wait_for(browser, lambda d: tokens_per_s(d) > 0)
     for field in ("ttft", "tpot"):
         assert card_text(browser, LLM, field).endswith(("µs", "ms", "s")), field
-    assert card_text(browser, LLM, "sequences") == "0 · 0"
+    # The page shows the last poll's figures: one taken while a request ran says "1 · 0"; the
+    # engine's gauges must come back to none running and none waiting.
+    wait_for(browser, lambda d: card_text(d, LLM, "sequences") == "0 · 0")
     assert "prompt" in card_text(browser, LLM, "llm-note")
 
 
