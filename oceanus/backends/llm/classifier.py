@@ -23,9 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from oceanus.backends.llm.args import read_engine_args
-from oceanus.backends.llm.embedder import _read
-from oceanus.backends.llm.loading import LOADING
+from oceanus.backends.llm.loading import load_encoder, read_json
 from oceanus.core.backend import LoadContext, RequestInstance, RequestJob, RequestsResult
 from oceanus.core.errors import InferenceServerError, invalid_arg
 
@@ -38,7 +36,7 @@ _ACTIVATIONS = {"Sigmoid": torch.sigmoid, "Identity": lambda x: x, "Tanh": torch
 
 
 def is_classifier(folder: Path) -> bool:
-    config = _read(folder / "config.json") or {}
+    config = read_json(folder / "config.json") or {}
     return any(
         str(a).endswith("ForSequenceClassification") for a in config.get("architectures") or []
     )
@@ -60,15 +58,10 @@ def activation(config: Any) -> Any:
 
 class ClassifierInstance(RequestInstance):
     def __init__(self, context: LoadContext) -> None:
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
         config = context.config
         self.name = config.name
-        args = read_engine_args(context.files.version_dir, config.name)
-        self.tokenizer: Any = AutoTokenizer.from_pretrained(args.tokenizer)
-        with LOADING:  # transformers sets torch's default dtype while it builds (loading.py)
-            model: Any = AutoModelForSequenceClassification.from_pretrained(args.model)
-        self.model = model.eval()
+        args, self.tokenizer, model = load_encoder(context, "AutoModelForSequenceClassification")
+        self.model = model
         self.labels = int(model.config.num_labels)
         self.activation = activation(model.config)
         self.max_len = int(args.max_model_len or model.config.max_position_embeddings)

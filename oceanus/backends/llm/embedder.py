@@ -15,13 +15,11 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from oceanus.backends.llm.args import read_engine_args
-from oceanus.backends.llm.loading import LOADING
+from oceanus.backends.llm.loading import load_encoder, read_json
 from oceanus.core.backend import LoadContext, RequestInstance, RequestJob, RequestsResult
 from oceanus.core.errors import InferenceServerError, invalid_arg
 
@@ -30,18 +28,11 @@ log = logging.getLogger("oceanus.backends.llm")
 _GENERATIVE_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 
 
-def _read(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def is_embedding_model(folder: Path) -> bool:
     """Sentence-transformers files, or an architecture without a language-model head."""
     if (folder / "modules.json").is_file():
         return True
-    config = _read(folder / "config.json") or {}
+    config = read_json(folder / "config.json") or {}
     architectures = config.get("architectures") or []
     return bool(architectures) and not any(a.endswith(_GENERATIVE_SUFFIXES) for a in architectures)
 
@@ -50,7 +41,7 @@ def pooling_of(folder: Path) -> tuple[str, bool]:
     """(pooling mode, normalize) from the sentence-transformers files. Without them: mean, not
     normalized, for an encoder; the last token, normalized, for a decoder (a generating
     architecture served with vLLM's runner "pooling"), as vLLM pools a decoder."""
-    modules = _read(folder / "modules.json") or []
+    modules = read_json(folder / "modules.json") or []
     mode, normalize = "mean", False
     if not modules and not is_embedding_model(folder):
         return "last", True
@@ -59,7 +50,7 @@ def pooling_of(folder: Path) -> tuple[str, bool]:
         if kind.endswith("Normalize"):
             normalize = True
         if kind.endswith("Pooling"):
-            pooling = _read(folder / str(module.get("path", "1_Pooling")) / "config.json") or {}
+            pooling = read_json(folder / str(module.get("path", "1_Pooling")) / "config.json") or {}
             for key, name in (
                 ("pooling_mode_cls_token", "cls"),
                 ("pooling_mode_lasttoken", "last"),
@@ -87,15 +78,10 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
 
 class EmbeddingInstance(RequestInstance):
     def __init__(self, context: LoadContext) -> None:
-        from transformers import AutoModel, AutoTokenizer
-
         config = context.config
         self.name = config.name
-        args = read_engine_args(context.files.version_dir, config.name)
-        self.tokenizer: Any = AutoTokenizer.from_pretrained(args.tokenizer)
-        with LOADING:  # transformers sets torch's default dtype while it builds (loading.py)
-            model: Any = AutoModel.from_pretrained(args.model)
-        self.model = model.eval()
+        args, self.tokenizer, model = load_encoder(context, "AutoModel")
+        self.model = model
         self.max_len = int(args.max_model_len or model.config.max_position_embeddings)
         self.mode, self.normalize = pooling_of(Path(args.model))
         self.threads = args.num_threads or context.spec.cpu_threads

@@ -1,10 +1,12 @@
 """Loading a causal language model for the engine: tokenizer, model, and the engine's fast
 paths (oneDNN linears and fused MLPs, linear.py; row attention, attention.py), each checked at
-load and left off when this build or model cannot take it."""
+load and left off when this build or model cannot take it. The encoders (embedder.py,
+classifier.py) load here too, under the same lock."""
 
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import threading
 from dataclasses import dataclass
@@ -14,7 +16,8 @@ from typing import Any
 import torch
 
 from oceanus.backends.llm import attention, gguf_model, linear, quant
-from oceanus.backends.llm.args import EngineArgs
+from oceanus.backends.llm.args import EngineArgs, read_engine_args
+from oceanus.core.backend import LoadContext
 
 log = logging.getLogger("oceanus.backends.llm")
 
@@ -97,3 +100,24 @@ def load(
         cache_kw="cache" if "cache" in forward else "past_key_values",
         keep_kw="logits_to_keep" in forward,
     )
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file of a model folder, or None where it is missing or not JSON."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def load_encoder(context: LoadContext, auto_class: str) -> tuple[EngineArgs, Any, Any]:
+    """An encoder model of this backend (embedder.py's `AutoModel`, classifier.py's
+    `AutoModelForSequenceClassification`): its model.json args, its tokenizer, and the model in
+    eval mode, built under LOADING as the engine's is."""
+    import transformers
+
+    args = read_engine_args(context.files.version_dir, context.config.name)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(args.tokenizer)
+    with LOADING:
+        model = getattr(transformers, auto_class).from_pretrained(args.model)
+    return args, tokenizer, model.eval()
