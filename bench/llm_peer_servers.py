@@ -3,7 +3,8 @@
 GGUF of the same weights; and the peak resident memory of a server's process tree.
 
 A server is named `kind[:variant][@threads]`:
-  oceanus[:dtype][@N]       model.json `dtype` (default "auto") and `num_threads` N
+  oceanus[:dtype][@N]       model.json `dtype` (default "auto") and `num_threads` N;
+                            `oceanus:int8` is dtype auto with `quantization: "int8"`
   oceanus+ov[:dtype][@N]    the same with `engine: "openvino"`
   vllm[:dtype][@bind]       `--dtype` (default auto); VLLM_CPU_OMP_THREADS_BIND: auto (the
                             default; on 2 cores it binds one OpenMP thread to core 0 and
@@ -74,12 +75,15 @@ def _oceanus(spec: Spec, paths: Paths, port: int) -> Launch:
     from oceanus.examples.llm import write_llm_model
 
     repo = paths.log_dir / f"repo-{port}"
+    int8 = spec.variant == "int8"
     engine_args: dict[str, object] = {
         "model": str(paths.model),
-        "dtype": spec.variant or "auto",
+        "dtype": "auto" if int8 or not spec.variant else spec.variant,
         "max_model_len": paths.ctx_per_slot,
         "max_num_seqs": paths.slots,
     }
+    if int8:
+        engine_args["quantization"] = "int8"
     if spec.kind == "oceanus+ov":
         engine_args["engine"] = "openvino"
     if spec.threads:
