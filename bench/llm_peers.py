@@ -237,11 +237,8 @@ def versions(args: argparse.Namespace) -> dict[str, str]:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"unknown ({exc})"
-        return (
-            (done.stdout + done.stderr).strip().splitlines()[-1]
-            if done.stdout + done.stderr
-            else ""
-        )
+        # llama-server prints its version on the last-but-one line
+        return " / ".join((done.stdout + done.stderr).strip().splitlines()[-2:])
 
     found["aiperf"] = capture([args.aiperf, "--version"])
     if args.llama_server:
