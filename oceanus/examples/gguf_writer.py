@@ -116,7 +116,9 @@ def write_gguf(
     ]
     merges = [m if isinstance(m, str) else " ".join(m) for m in tokenizer_json["model"]["merges"]]
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
+    # The tokenizer splits words with GPT-2's regex (ByteLevel, use_regex): llama.cpp's "gpt-2".
+    # Its "default" adds splits (punctuation runs, digits) and tokenizes some texts otherwise.
+    writer.add_tokenizer_pre("gpt-2")
     writer.add_token_list(tokens)
     writer.add_token_types([int(t) for t in types])
     writer.add_token_merges(merges)
