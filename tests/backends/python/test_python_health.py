@@ -57,8 +57,12 @@ def worker_pid(server: Any) -> int:
 
 
 @pytest.fixture(scope="module")
-def server(launch_module: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    repository = copy_models(tmp_path_factory.mktemp("crashy"), ["crashy", "add_sub"])
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_models(tmp_path_factory.mktemp("crashy"), ["crashy", "add_sub"])
+
+
+@pytest.fixture(scope="module")
+def server(launch_module: Any, repository: Path) -> Any:
     return launch_module([repository])
 
 
@@ -88,12 +92,21 @@ def test_worker_dies_in_execute(server: Any, value: int, how: str) -> None:
     assert worker_pid(server) != first
 
 
-def test_worker_killed_mid_request(server: Any) -> None:
+def test_worker_killed_mid_request(server: Any, repository: Path) -> None:
     pid = worker_pid(server)
-    threading.Timer(0.5, os.kill, (pid, signal.SIGKILL)).start()
+    marker = repository / "crashy" / "1" / "executing"
+    marker.unlink(missing_ok=True)
+
+    def kill_once_executing() -> None:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)
+
+    threading.Thread(target=kill_once_executing, daemon=True).start()
     started = time.monotonic()
-    status, body = infer(server, 4)  # sleeps 2 s in execute
-    assert time.monotonic() - started < 1.9  # failed at once, not after the sleep
+    status, body = infer(server, 4)  # marks `executing`, then sleeps 60 s in execute
+    assert time.monotonic() - started < 45  # failed when killed, not after the sleep
     assert status == 500
     assert body["error"] == (
         f"{UNHEALTHY}The process was killed by SIGKILL; a new one is being started."

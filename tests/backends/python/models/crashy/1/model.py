@@ -1,5 +1,6 @@
 """X = 0: Y = the worker's pid; 1: os._exit; 2: sleep past the execute timeout; 3: SIGSEGV;
-4: sleep 2 s (for a kill from outside); otherwise Y = X."""
+4: mark the version folder (`executing`) and sleep 60 s, for a kill from outside; otherwise
+Y = X."""
 
 import ctypes
 import os
@@ -24,7 +25,9 @@ class TritonPythonModel:
             elif x == 3:
                 ctypes.string_at(0)
             elif x == 4:
-                time.sleep(2)
+                marker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "executing")
+                open(marker, "w").close()
+                time.sleep(60)
             responses.append(
                 pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([x], dtype=np.int64))])
             )
