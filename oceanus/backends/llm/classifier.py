@@ -14,7 +14,6 @@ frontend looks for to score with it: a JSON `{"pairs": [[a, b], ...]}`. The answ
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from oceanus.backends.llm.encoder_io import Answer, deliver, json_input, text_outputs
 from oceanus.backends.llm.loading import load_encoder, read_json
 from oceanus.core.backend import LoadContext, RequestInstance, RequestJob, RequestsResult
 from oceanus.core.errors import InferenceServerError, invalid_arg
@@ -75,20 +75,13 @@ class ClassifierInstance(RequestInstance):
         )
 
     def execute_requests(self, jobs: Sequence[RequestJob]) -> RequestsResult:
-        answered: list[dict[str, np.ndarray] | InferenceServerError] = []
+        answers: list[Answer] = []
         for job in jobs:
             try:
-                result: dict[str, np.ndarray] | InferenceServerError = self._answer(job)
+                answers.append(self._answer(job))
             except InferenceServerError as exc:
-                result = exc
-            # The folder is decoupled (the vLLM backend's config): answers go through the stream.
-            if job.stream is None:
-                answered.append(result)
-            else:
-                error = result if isinstance(result, InferenceServerError) else None
-                job.stream.send(None if error else result, error, True)  # type: ignore[arg-type]
-                answered.append({})
-        return RequestsResult(outputs=answered)
+                answers.append(exc)
+        return deliver(jobs, answers)
 
     def _answer(self, job: RequestJob) -> dict[str, np.ndarray]:
         pairs = self._parse(job)
@@ -98,21 +91,10 @@ class ClassifierInstance(RequestInstance):
                 "with one label"
             )
         scores, tokens = self.score(pairs)
-        return {
-            "text_output": np.array([json.dumps(scores).encode()], np.object_),
-            "num_input_tokens": np.array([tokens], dtype=np.uint32),
-            "num_output_tokens": np.array([0], dtype=np.uint32),
-        }
+        return text_outputs(scores, tokens)
 
     def _parse(self, job: RequestJob) -> list[tuple[str, str]]:
-        raw = job.inputs.get(SCORE_INPUT)
-        if raw is None or raw.size == 0:
-            raise invalid_arg(f"model '{self.name}' scores pairs: send the '{SCORE_INPUT}' input")
-        value = raw.reshape(-1)[0]
-        try:
-            document = json.loads(value.decode() if isinstance(value, bytes) else str(value))
-        except ValueError as exc:
-            raise invalid_arg(f"{SCORE_INPUT} is not valid JSON: {exc}") from None
+        document = json_input(job, SCORE_INPUT, self.name, "scores pairs")
         pairs = document.get("pairs") if isinstance(document, dict) else None
         if not (
             isinstance(pairs, list)

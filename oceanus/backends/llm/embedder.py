@@ -11,7 +11,6 @@ JSON list, and `num_input_tokens`. Requests that arrive together run as one padd
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from oceanus.backends.llm.encoder_io import Answer, deliver, json_input, text_outputs
 from oceanus.backends.llm.loading import load_encoder, read_json
 from oceanus.core.backend import LoadContext, RequestInstance, RequestJob, RequestsResult
 from oceanus.core.errors import InferenceServerError, invalid_arg
@@ -94,7 +94,7 @@ class EmbeddingInstance(RequestInstance):
         )
 
     def execute_requests(self, jobs: Sequence[RequestJob]) -> RequestsResult:
-        outputs: list[dict[str, np.ndarray] | InferenceServerError] = []
+        outputs: list[Answer] = []
         parsed: list[tuple[list[int], int | None] | InferenceServerError] = []
         for job in jobs:
             try:
@@ -113,35 +113,11 @@ class EmbeddingInstance(RequestInstance):
                 vector = vector[:dimensions]
                 if self.normalize:
                     vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
-            outputs.append(
-                {
-                    "text_output": np.array([json.dumps(vector.tolist()).encode()], np.object_),
-                    "num_input_tokens": np.array([len(ids)], dtype=np.uint32),
-                    "num_output_tokens": np.array([0], dtype=np.uint32),
-                }
-            )
-        # The folder is decoupled (the vLLM backend's config): answers go through each stream.
-        answered: list[dict[str, np.ndarray] | InferenceServerError] = []
-        for job, result in zip(jobs, outputs, strict=True):
-            if job.stream is None:
-                answered.append(result)
-            elif isinstance(result, InferenceServerError):
-                job.stream.send(None, result, True)
-                answered.append({})
-            else:
-                job.stream.send(result, None, True)
-                answered.append({})
-        return RequestsResult(outputs=answered)
+            outputs.append(text_outputs(vector.tolist(), len(ids)))
+        return deliver(jobs, outputs)
 
     def _parse(self, job: RequestJob) -> tuple[list[int], int | None]:
-        raw = job.inputs.get("embedding_request")
-        if raw is None or raw.size == 0:
-            raise invalid_arg(f"model '{self.name}' embeds: send the 'embedding_request' input")
-        value = raw.reshape(-1)[0]
-        try:
-            document = json.loads(value.decode() if isinstance(value, bytes) else str(value))
-        except ValueError as exc:
-            raise invalid_arg(f"embedding_request is not valid JSON: {exc}") from None
+        document = json_input(job, "embedding_request", self.name, "embeds")
         given = document.get("input") if isinstance(document, dict) else None
         if isinstance(given, str):
             ids = list(self.tokenizer(given, add_special_tokens=True)["input_ids"])
