@@ -7,19 +7,22 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 import pytest
-from tritonclient.grpc import service_pb2 as pb
 
 from oceanus.examples import example_repository
 from oceanus.frontends.grpc_transport.call import MAX_DETAILS
 from oceanus.frontends.http.infer import decode_on_loop
 from oceanus.frontends.http.protocol import HttpRequest
+
+sys.path.insert(0, str(Path(__file__).parent / "grpc"))
+from grpc_testlib import many_inputs_request, raw_infer, simple_request
 
 ZEROS = b"\0" * (8 << 20)  # 8 KiB of gzip
 
@@ -52,30 +55,6 @@ def channel(server: Any) -> Any:
         yield channel
 
 
-def _simple() -> bytes:
-    request = pb.ModelInferRequest(model_name="simple")
-    for name in ("INPUT0", "INPUT1"):
-        request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
-        request.raw_input_contents.append(np.full(16, 2, np.int32).tobytes())
-    return request.SerializeToString()
-
-
-def _many_inputs() -> bytes:
-    request = pb.ModelInferRequest(model_name="simple")
-    for _ in range(60_000):
-        request.inputs.add(name="I", datatype="INT32", shape=[0])
-        request.raw_input_contents.append(b"")
-    return request.SerializeToString()
-
-
-def _infer(channel: grpc.Channel, data: bytes, **options: Any) -> Any:
-    method = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
-    try:
-        return method(data, timeout=30, **options)
-    except grpc.RpcError as error:
-        return error
-
-
 class _Beside:
     """A legitimate client calling `simple` in a loop while the test runs: every answer right."""
 
@@ -87,7 +66,7 @@ class _Beside:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.answers.append(_infer(self._channel, _simple()))
+            self.answers.append(raw_infer(self._channel, simple_request()))
 
     def __enter__(self) -> _Beside:
         self._thread.start()
@@ -105,7 +84,7 @@ class _Beside:
     [
         (ZEROS, grpc.Compression.Gzip, grpc.StatusCode.INVALID_ARGUMENT),
         (b"\0" * (2 << 20), None, grpc.StatusCode.INVALID_ARGUMENT),
-        (_many_inputs(), None, grpc.StatusCode.INVALID_ARGUMENT),
+        (many_inputs_request(), None, grpc.StatusCode.INVALID_ARGUMENT),
     ],
     ids=["8 KiB of gzip of 8 MiB of zeros", "2 MiB of zeros", "60,000 empty inputs"],
 )
@@ -114,7 +93,7 @@ def test_hostile_grpc_bodies_are_refused_quickly_through_a_worker(
 ) -> None:
     with _Beside(channel):
         started = time.monotonic()
-        answer = _infer(channel, payload, compression=compression)
+        answer = raw_infer(channel, payload, compression=compression)
         assert time.monotonic() - started < 2
     assert isinstance(answer, grpc.RpcError)
     assert answer.code() == code

@@ -9,8 +9,8 @@ import time
 from typing import Any
 
 import grpc
-import numpy as np
 import pytest
+from grpc_testlib import many_inputs_request, raw_infer, simple_request
 from tritonclient.grpc import service_pb2 as pb
 
 from oceanus.core.errors import InferenceServerError
@@ -128,22 +128,6 @@ class _Silent:
 # ---- on the session server -----------------------------------------------------------------
 
 
-def _infer(channel: grpc.Channel, data: bytes, **options: Any) -> Any:
-    method = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
-    try:
-        return method(data, timeout=30, **options)
-    except grpc.RpcError as error:
-        return error
-
-
-def _simple() -> bytes:
-    request = pb.ModelInferRequest(model_name="simple")
-    for name in ("INPUT0", "INPUT1"):
-        request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
-        request.raw_input_contents.append(np.full(16, 2, np.int32).tobytes())
-    return request.SerializeToString()
-
-
 @pytest.mark.parametrize(
     ("payload", "compression", "code"),
     [
@@ -157,43 +141,33 @@ def test_hostile_bodies_are_refused_quickly_and_the_server_serves_on(
     grpc_channel: grpc.Channel, payload: bytes, compression: Any, code: grpc.StatusCode
 ) -> None:
     started = time.monotonic()
-    answer = _infer(grpc_channel, payload, compression=compression)
+    answer = raw_infer(grpc_channel, payload, compression=compression)
     assert time.monotonic() - started < 2
     assert isinstance(answer, grpc.RpcError)
     assert answer.code() == code
-    assert isinstance(_infer(grpc_channel, _simple()), bytes)
+    assert isinstance(raw_infer(grpc_channel, simple_request()), bytes)
 
 
 def test_a_long_model_name_is_answered_quickly_in_triton_words(grpc_channel: grpc.Channel) -> None:
     request = pb.ModelInferRequest(model_name="m" * 300_000)
     started = time.monotonic()
-    answer = _infer(grpc_channel, request.SerializeToString())
+    answer = raw_infer(grpc_channel, request.SerializeToString())
     assert time.monotonic() - started < 2
     assert isinstance(answer, grpc.RpcError)
     assert len(answer.details()) <= MAX_DETAILS
     assert answer.details().startswith("Request for unknown model: 'mmm")
 
 
-def _many_inputs() -> bytes:
-    """1 MiB naming ~60,000 empty inputs: each a Python step of the decoder (0.4 s of the loop
-    before they were decoded on a thread)."""
-    request = pb.ModelInferRequest(model_name="simple")
-    for _ in range(60_000):
-        request.inputs.add(name="I", datatype="INT32", shape=[0])
-        request.raw_input_contents.append(b"")
-    return request.SerializeToString()
-
-
 def test_a_request_naming_many_tensors_is_refused_and_the_server_serves_on(
     grpc_channel: grpc.Channel,
 ) -> None:
-    answer = _infer(grpc_channel, _many_inputs())
+    answer = raw_infer(grpc_channel, many_inputs_request())
     assert isinstance(answer, grpc.RpcError)
     assert answer.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert len(answer.details()) <= MAX_DETAILS
     stream = grpc_channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
-    responses = list(stream(iter([_many_inputs(), _simple()]), timeout=30))
+    responses = list(stream(iter([many_inputs_request(), simple_request()]), timeout=30))
     first, second = (pb.ModelStreamInferResponse.FromString(r) for r in responses)
     assert first.error_message == "[request id: <id_unknown>] input 'I' already exists in request"
     assert not second.error_message
-    assert isinstance(_infer(grpc_channel, _simple()), bytes)
+    assert isinstance(raw_infer(grpc_channel, simple_request()), bytes)
