@@ -1,10 +1,12 @@
 """The servers bench/llm_peers.py compares, each started as a process on a loopback port: Oceanus
-(default engine or `engine: "openvino"`), vLLM's CPU build and llama.cpp's `llama-server` on a
+(engine "auto", "transformers" or "openvino"), vLLM's CPU build and llama.cpp's `llama-server` on a
 GGUF of the same weights; and the peak resident memory of a server's process tree.
 
 A server is named `kind[:variant][@threads]`:
-  oceanus[:dtype][@N]       model.json `dtype` (default "auto") and `num_threads` N;
-                            `oceanus:int8` is dtype auto with `quantization: "int8"`
+  oceanus[:dtype][@N]       model.json `dtype` (default "auto") and `num_threads` N, engine
+                            "auto" (the default); `oceanus:int8` (`:int4`) is dtype auto
+                            with `quantization: "int8"` ("int4")
+  oceanus+pt[:dtype][@N]    the same with `engine: "transformers"`
   oceanus+ov[:dtype][@N]    the same with `engine: "openvino"`
   vllm[:dtype][@bind]       `--dtype` (default auto); VLLM_CPU_OMP_THREADS_BIND: auto (the
                             default; on 2 cores it binds one OpenMP thread to core 0 and
@@ -31,10 +33,15 @@ import benchlib
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 
 
+# Oceanus's kinds name its model.json `engine`.
+ENGINE_OF = {"oceanus": "auto", "oceanus+pt": "transformers", "oceanus+ov": "openvino"}
+KINDS = (*ENGINE_OF, "vllm", "llama")
+
+
 @dataclass(frozen=True)
 class Spec:
     name: str  # as given on the command line
-    kind: str  # oceanus, oceanus+ov, vllm, llama
+    kind: str  # one of KINDS
     variant: str  # dtype, or the GGUF tensor type
     threads: str  # "" for the server's default
 
@@ -42,7 +49,7 @@ class Spec:
 def parse_spec(name: str) -> Spec:
     head, _, threads = name.partition("@")
     kind, _, variant = head.partition(":")
-    if kind not in ("oceanus", "oceanus+ov", "vllm", "llama"):
+    if kind not in KINDS:
         raise ValueError(f"unknown server {name!r}")
     if kind == "llama" and not variant:
         raise ValueError(f"{name!r}: llama needs a GGUF type, e.g. llama:Q8_0")
@@ -75,17 +82,16 @@ def _oceanus(spec: Spec, paths: Paths, port: int) -> Launch:
     from oceanus.examples.llm import write_llm_model
 
     repo = paths.log_dir / f"repo-{port}"
-    int8 = spec.variant == "int8"
+    quantized = spec.variant in ("int8", "int4")
     engine_args: dict[str, object] = {
         "model": str(paths.model),
-        "dtype": "auto" if int8 or not spec.variant else spec.variant,
+        "dtype": "auto" if quantized or not spec.variant else spec.variant,
         "max_model_len": paths.ctx_per_slot,
         "max_num_seqs": paths.slots,
+        "engine": ENGINE_OF[spec.kind],
     }
-    if int8:
-        engine_args["quantization"] = "int8"
-    if spec.kind == "oceanus+ov":
-        engine_args["engine"] = "openvino"
+    if quantized:
+        engine_args["quantization"] = spec.variant
     if spec.threads:
         engine_args["num_threads"] = int(spec.threads)
     write_llm_model(repo, "llm", engine_args=engine_args)

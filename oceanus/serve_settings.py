@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from oceanus.backends.llm.engine_choice import ENGINES
 from oceanus.declaration import COUNT, PORT, choice, setting
 
 # Parsers with vLLM's names (oceanus/frontends/openai/tools.py, reasoning.py).
@@ -222,10 +223,11 @@ class ServeSettings:
     engine: str | None = setting(
         None,
         "--engine",
-        "transformers or openvino (docs/serving-your-llm.md, 'Two engines'): model.json engine",
+        "auto (default: openvino for Llama-family models where installed), transformers or "
+        "openvino (docs/serving-your-llm.md, 'Two engines'): model.json engine",
         OCEANUS,
-        parse=choice("transformers", "openvino"),
-        metavar="transformers|openvino",
+        parse=choice(*ENGINES),
+        metavar="|".join(ENGINES),
     )
     log_verbose: int = setting(0, "--log-verbose", "verbose logging level", OCEANUS, **COUNT)
 

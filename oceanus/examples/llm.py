@@ -157,8 +157,10 @@ def write_llm_model(
     engine_args: dict[str, object] | None = None,
 ) -> pathlib.Path:
     """A Triton model folder <repository>/<name> with `1/model.json` naming the cached model.
-    It says `dtype: "float32"`, so that tests and benchmarks compare with transformers in fp32
-    whatever the CPU ("auto" is bfloat16 on CPUs with AVX512-BF16 or AMX)."""
+    It says `dtype: "float32"` and `engine: "transformers"`, so that tests and benchmarks
+    compare with transformers in fp32 whatever the CPU and whatever is installed ("auto" is
+    bfloat16 on CPUs with AVX512-BF16 or AMX, and engine "auto" picks openvino where
+    openvino-genai is installed); `engine_args` override them."""
     folder = pathlib.Path(repository) / name
     (folder / "1").mkdir(parents=True, exist_ok=True)
     (folder / "config.pbtxt").write_text(llm_config(name, backend))
@@ -167,6 +169,7 @@ def write_llm_model(
         "max_model_len": 1024,
         "seed": 0,
         "dtype": "float32",
+        "engine": "transformers",
     }
     args.update(engine_args or {})
     (folder / "1" / "model.json").write_text(json.dumps(args, indent=2) + "\n")

@@ -181,8 +181,9 @@ def test_int8_quantization_shrinks_the_weights_and_keeps_greedy(
 
 @pytest.mark.parametrize("value", ["awq", "fp8", "gptq", "int4"])
 def test_other_quantizations_are_refused(value: str, tmp_path: Path) -> None:
+    """int4 runs on the openvino engine only (tests/backends/test_llm_openvino_quant.py)."""
     with pytest.raises(InferenceServerError, match="is not supported here"):
-        _args(tmp_path, model=str(cached_llm("tiny")), quantization=value)
+        _args(tmp_path, model=str(cached_llm("tiny")), quantization=value, engine="transformers")
 
 
 @pytest.fixture(scope="module")

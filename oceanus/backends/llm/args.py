@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from oceanus.backends.llm import gguf_model, lora_config
+from oceanus.backends.llm.engine_choice import ENGINES, choose_engine
 from oceanus.core.errors import invalid_arg, unavailable
 
 log = logging.getLogger("oceanus.backends.llm")
@@ -57,8 +58,9 @@ class EngineArgs:
     num_threads: int | None = None
     # The KV cache's element type: "auto" (vLLM's default) keeps it in the model's dtype.
     kv_cache_dtype: str = "auto"
-    # Oceanus's own key: "transformers" (engine.py, the default) or "openvino" (OpenVINO
-    # GenAI's continuous-batching pipeline in a process of its own: openvino_engine.py).
+    # Oceanus's own key: "transformers" (engine.py) or "openvino" (OpenVINO GenAI's
+    # continuous-batching pipeline in a process of its own: openvino_engine.py); model.json's
+    # "auto" (its default) is resolved to one of them when read (engine_choice.py).
     engine: str = "transformers"
     # vLLM's engine argument: the name routers and dashboards see (the metrics' `model_name`
     # label); None: the model's name in the repository.
@@ -89,6 +91,8 @@ class EngineArgs:
     lora_modules: tuple[tuple[str, Path], ...] = ()
     # How `dtype` was chosen ("model.json", or why "auto" gave it); not a model.json key.
     dtype_source: str = "default"
+    # How `engine` was chosen ("model.json", or why "auto" gave it); not a model.json key.
+    engine_source: str = "default"
 
 
 # vLLM engine arguments read but not acted on: the model's own default sampling parameters
@@ -98,7 +102,7 @@ NOT_APPLIED = frozenset({"generation_config"})
 
 
 # Not model.json keys.
-_INTERNAL = frozenset({"dtype_source"})
+_INTERNAL = frozenset({"dtype_source", "engine_source"})
 _ALSO_READ = frozenset({"task"})  # vLLM's older name of `runner`
 
 # CPU flags with fast bfloat16 dot products (oneDNN's bf16 matmuls): AVX512-BF16, AMX.
@@ -204,11 +208,8 @@ def _quantization(raw: dict[str, Any], path: Path, engine: str) -> str | None:
     return str(value)
 
 
-ENGINES = ("transformers", "openvino")
-
-
 def _engine(raw: dict[str, Any], path: Path) -> str:
-    value = str(raw.get("engine", "transformers"))
+    value = str(raw.get("engine", "auto"))
     if value not in ENGINES:
         raise invalid_arg(f"{path}: 'engine' must be one of {', '.join(ENGINES)}, got {value!r}")
     return value
@@ -242,8 +243,6 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
         tokenizer = gguf_model.tokenizer_dir(model)
     else:
         tokenizer = model
-    engine = _engine(raw, path)
-    quantization = _quantization(raw, path, engine)
     dtype = str(raw.get("dtype", "auto"))
     source = "model.json"
     if dtype == "auto":
@@ -259,8 +258,17 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
     remote = raw.get("trust_remote_code", False)
     modules = lora_config.lora_modules(raw, version_dir, path)
     enable_lora = bool(modules) or str(raw.get("enable_lora", False)).lower() == "true"
+    runner = _runner(raw, path)
+    engine, engine_source = choose_engine(
+        _engine(raw, path),
+        model,
+        runner=runner,
+        enable_lora=enable_lora,
+        quantized=raw.get("quantization") not in (None, "", "none", "None"),
+    )
     if enable_lora and engine != "transformers":
         raise invalid_arg(f'{path}: LoRA adapters run on the "transformers" engine only')
+    quantization = _quantization(raw, path, engine)
     return EngineArgs(
         model=model,
         tokenizer=tokenizer,
@@ -279,12 +287,13 @@ def read_engine_args(version_dir: Path, model_name: str) -> EngineArgs:
         block_size=_int(raw, "block_size", 16) or 16,
         enable_prefix_caching=str(raw.get("enable_prefix_caching", True)).lower() != "false",
         quantization=quantization,
-        runner=_runner(raw, path),
+        runner=runner,
         enable_lora=enable_lora,
         max_loras=_int(raw, "max_loras", 1) or 1,
         max_lora_rank=_int(raw, "max_lora_rank", 16) or 16,
         lora_modules=modules,
         dtype_source=source,
+        engine_source=engine_source,
     )
 
 

@@ -137,7 +137,8 @@ def _cross_encoder(model_file: Path, name: str) -> bool:
 
 
 def make_engine(args: EngineArgs, threads: int | None) -> Scheduler:
-    """model.json's `engine`: ours on transformers (default) or OpenVINO GenAI's pipeline."""
+    """model.json's `engine` (resolved from "auto" by engine_choice.py): ours on transformers
+    or OpenVINO GenAI's pipeline."""
     if args.engine == "openvino":
         from oceanus.backends.llm.openvino_engine import OpenVinoEngine
 
@@ -190,10 +191,11 @@ class LlmInstance(RequestInstance):
         self._outbox: list[Send] = []
         self.engine.on_flush = self._flush
         log.info(
-            "model '%s': LLM engine '%s' ready in %.1f s (%s, max_model_len %d, %d slots, "
+            "model '%s': LLM engine '%s' (%s) ready in %.1f s (%s, max_model_len %d, %d slots, "
             "prefill chunk %d; %s)",
             config.name,
             args.engine,
+            args.engine_source,
             time.monotonic() - started,
             args.model,
             self.engine.max_len,

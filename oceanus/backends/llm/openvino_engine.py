@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import logging
 import math
 import socket
@@ -25,6 +26,7 @@ from typing import Any
 
 from oceanus.backends.llm import gguf_model
 from oceanus.backends.llm.args import EngineArgs
+from oceanus.backends.llm.engine_choice import GENAI_EXTRA, NNCF_EXTRA
 from oceanus.backends.llm.openvino_worker import KINDS, Add, Drop, Ready, Start, Stop, Tokens
 from oceanus.backends.llm.scheduler import Scheduler, Sequence
 from oceanus.core.errors import InferenceServerError, internal, invalid_arg, unavailable
@@ -33,7 +35,6 @@ from oceanus.ipc.channel import Channel
 log = logging.getLogger("oceanus.backends.llm")
 
 PRECISIONS = {"float32": "f32", "bfloat16": "bf16"}
-EXTRA = "pip install 'oceanus[llm-openvino]'"
 
 
 def kv_cache_gb(config: Any, tokens: int, precision: str) -> int:
@@ -54,7 +55,7 @@ class OpenVinoEngine(Scheduler):
             import openvino_genai  # noqa: F401 - only to name the extra when it is missing
         except ImportError:
             raise unavailable(
-                f"engine 'openvino' needs the openvino-genai package: {EXTRA}"
+                f"engine 'openvino' needs the openvino-genai package: {GENAI_EXTRA}"
             ) from None
         from transformers import AutoConfig, AutoTokenizer
 
@@ -69,6 +70,11 @@ class OpenVinoEngine(Scheduler):
         else:
             tokenizer = AutoTokenizer.from_pretrained(args.tokenizer, trust_remote_code=remote)
             config = AutoConfig.from_pretrained(args.model, trust_remote_code=remote)
+        if args.quantization and importlib.util.find_spec("nncf") is None:
+            raise unavailable(
+                f"'quantization' {args.quantization!r} on engine 'openvino' compresses the "
+                f"weights with NNCF: {NNCF_EXTRA}"
+            )
         super().__init__(args, tokenizer, config)
         precision = PRECISIONS[args.dtype]
         kv = precision if args.kv_cache_dtype == "auto" else PRECISIONS[args.kv_cache_dtype]

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from oceanus.backends.llm import gguf_model
+from oceanus.backends.llm.engine_choice import OPENVINO_ARCHITECTURES as ARCHITECTURES
 from oceanus.core.errors import invalid_arg
 
 # Bump when the traced graph changes: cached folders of an older layout are traced again.
 EXPORT_VERSION = 1
-ARCHITECTURES = ("llama", "mistral", "qwen2")
 MODEL_XML = "openvino_model.xml"
 
 
