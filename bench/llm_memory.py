@@ -1,4 +1,5 @@
-"""Resident memory of the default LLM engine (issue 39): after load, and while serving
+"""Resident memory of the default LLM engine (issue 39), its process and the processes it starts
+(the openvino engine's worker): after load, and while serving
 `--concurrency` chats of `--prompt-tokens` + `--output-tokens` tokens, for a model folder with
 the default keys (model.json names only the model, unless --dtype or --set add keys).
 
@@ -14,6 +15,7 @@ run's time. Uses only the engine's public face, so that it runs against an older
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
 import threading
@@ -22,12 +24,28 @@ from pathlib import Path
 from typing import Any
 
 
-def status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
+def status_kib(field: str, pid: str = "self") -> int:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:  # the child is gone
+        pass
     return 0
+
+
+def children() -> list[str]:
+    found: list[str] = []
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            found += (task / "children").read_text().split()
+    return found
+
+
+def tree_kib(field: str) -> int:
+    """`field` of this process plus its children's (the openvino engine's worker)."""
+    return status_kib(field) + sum(status_kib(field, pid) for pid in children())
 
 
 def main() -> None:
@@ -41,8 +59,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from oceanus.backends.llm.args import read_engine_args
-    from oceanus.backends.llm.engine import Engine, StepOutput
+    from oceanus.backends.llm.backend import make_engine
     from oceanus.backends.llm.sampling import SamplingParams
+    from oceanus.backends.llm.scheduler import StepOutput
     from oceanus.examples.llm import cached_llm
 
     folder = cached_llm(args.size)
@@ -55,16 +74,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as version:
         (Path(version) / "model.json").write_text(json.dumps(keys))
         engine_args = read_engine_args(Path(version), "llm")
-    rss_before = status_kib("VmRSS")
+    rss_before = tree_kib("VmRSS")
     started = time.monotonic()
-    engine = Engine(engine_args)
+    engine = make_engine(engine_args, threads=None)
     load_s = time.monotonic() - started
     time.sleep(0.5)
-    rss_load = status_kib("VmRSS")
+    rss_load = tree_kib("VmRSS")
     peak = [rss_load, 0]
 
     def step(e: Any) -> None:
-        peak[0] = max(peak[0], status_kib("VmRSS"))
+        peak[0] = max(peak[0], tree_kib("VmRSS"))
         peak[1] = max(peak[1], getattr(getattr(e, "cache", None), "allocated_bytes", 0))
 
     engine.on_step = step
@@ -86,13 +105,15 @@ def main() -> None:
     for _ in range(args.concurrency):
         assert done.acquire(timeout=3600)
     serve_s = time.monotonic() - started
-    rss_after = status_kib("VmRSS")
+    rss_after = tree_kib("VmRSS")
+    hwm = tree_kib("VmHWM")
     engine.close()
     mib = 1024
     report = json.dumps(
         {
             "size": args.size,
             "model_json": {k: v for k, v in keys.items() if k != "model"},
+            "engine": f"{engine_args.engine} ({engine_args.engine_source})",
             "dtype": engine_args.dtype,
             "concurrency": args.concurrency,
             "prompt_tokens": args.prompt_tokens,
@@ -101,7 +122,7 @@ def main() -> None:
             "rss_before_load_mib": round(rss_before / mib),
             "rss_after_load_mib": round(rss_load / mib),
             "rss_peak_serving_mib": round(peak[0] / mib),
-            "vmhwm_mib": round(status_kib("VmHWM") / mib),
+            "vmhwm_mib": round(hwm / mib),  # summed per process: an upper bound
             "rss_after_serving_mib": round(rss_after / mib),
             "kv_pool_peak_mib": round(peak[1] / 2**20) if peak[1] else None,
             "weights_mib": round(getattr(engine, "weights_bytes", 0) / 2**20) or None,
