@@ -124,6 +124,8 @@ def test_int4_runs_on_the_openvino_engine_only(tmp_path: Path) -> None:
     assert _args(tmp_path / "a", engine="openvino", quantization="int4").quantization == "int4"
     assert _args(tmp_path / "b", quantization="int8").quantization == "int8"
     with pytest.raises(InferenceServerError, match="'int4' runs on engine \"openvino\""):
-        _args(tmp_path / "c", quantization="int4")
+        _args(tmp_path / "c", engine="transformers", quantization="int4")
+    # engine "auto" (the default) runs a Llama-family model's int4 on the openvino engine
+    assert _args(tmp_path / "e", quantization="int4").engine == "openvino"
     with pytest.raises(InferenceServerError, match="need its CUDA kernels"):
         _args(tmp_path / "d", engine="openvino", quantization="awq")
