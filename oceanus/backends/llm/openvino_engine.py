@@ -7,13 +7,16 @@ the server's queue), detokenizing with the model's Hugging Face tokenizer, stop 
 held back, metrics, cancellation. The worker owns the model: it traces it to OpenVINO on first
 use (openvino_export.py, cached), then steps the pipeline while requests are live and sends
 each step's new token ids back. The pipeline samples (greedy, temperature, top-k/p, penalties,
-seeds). What it cannot do is refused per request, naming the engine: guided decoding
-(structured output), `logit_bias`, and more than the chosen token's log probability."""
+seeds) and runs guided decoding (structured output: `guided_decoding`'s json, json_object,
+regex and choice, through GenAI's xgrammar, on the tokenizer converted to OpenVINO). What it
+cannot do is refused per request, naming the engine: a Lark `grammar`, `logit_bias`, and more
+than the chosen token's log probability."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import math
 import socket
@@ -25,6 +28,7 @@ from typing import Any
 
 from oceanus.backends.llm import gguf_model
 from oceanus.backends.llm.args import EngineArgs
+from oceanus.backends.llm.guide import choice_regex, guided_kind
 from oceanus.backends.llm.openvino_worker import KINDS, Add, Drop, Ready, Start, Stop, Tokens
 from oceanus.backends.llm.scheduler import Scheduler, Sequence
 from oceanus.core.errors import InferenceServerError, internal, invalid_arg, unavailable
@@ -103,7 +107,14 @@ class OpenVinoEngine(Scheduler):
         child.close()
         self._channel = Channel(parent, KINDS)
         try:
-            start = Start(str(args.model), scheduler, properties, args.quantization or "")
+            start = Start(
+                str(args.model),
+                scheduler,
+                properties,
+                args.quantization or "",
+                str(args.tokenizer),
+                remote,
+            )
             self._channel.send(start)
             ready = self._channel.recv()
         except (EOFError, OSError):
@@ -113,6 +124,9 @@ class OpenVinoEngine(Scheduler):
             detail = ready.error if isinstance(ready, Ready) else repr(ready)
             raise unavailable(f"the openvino engine failed to start: {detail}")
         self.ir_dir = ready.ir_dir
+        self.no_guided = ready.no_guided  # why structured output is off ("": it is on)
+        if self.no_guided:
+            log.warning("LLM engine 'openvino': no guided decoding: %s", self.no_guided)
         self.export_s = ready.export_s
         # The weights the worker compiled (the IR's .bin files: fp32 as traced, or compressed).
         self.weights_bytes = sum(f.stat().st_size for f in Path(self.ir_dir).glob("*.bin"))
@@ -139,10 +153,11 @@ class OpenVinoEngine(Scheduler):
         params = seq.params
         if self._dead:
             raise unavailable(f"the openvino engine process is gone ({self._dead})")
-        if params.guided is not None:
+        structured = self._structured_output(params)  # a Lark grammar: refused here
+        if structured and self.no_guided:
             raise invalid_arg(
-                "guided decoding is not supported by engine 'openvino' (model.json): "
-                "use engine 'transformers'"
+                f"guided decoding is off on engine 'openvino' for this model: {self.no_guided}; "
+                "use engine 'transformers' (model.json)"
             )
         if params.logit_bias:
             raise invalid_arg("logit_bias is not supported by engine 'openvino' (model.json)")
@@ -156,6 +171,26 @@ class OpenVinoEngine(Scheduler):
                 "engine 'openvino' reports the chosen token's log probability only: "
                 f"'logprobs' {params.logprobs} asks for more"
             )
+
+    @staticmethod
+    def _structured_output(params: Any) -> dict[str, str] | None:
+        """`guided_decoding` as GenAI's StructuredOutputConfig fields (None: free text);
+        INVALID_ARG for a Lark grammar, which xgrammar does not read."""
+        if params.guided_decoding is None:
+            return None
+        kind, value = guided_kind(params.guided_decoding)
+        if kind == "json":
+            return {"json_schema": value if isinstance(value, str) else json.dumps(value)}
+        if kind == "json_object":
+            return {"json_schema": '{"type": "object"}'}
+        if kind == "regex":
+            return {"regex": str(value)}
+        if kind == "choice":
+            return {"regex": choice_regex(value)}
+        raise invalid_arg(
+            "guided decoding by a Lark grammar (guided_grammar, a tool choice) is not "
+            "supported by engine 'openvino' (model.json): use engine 'transformers'"
+        )
 
     def close(self) -> None:
         super().close()
@@ -185,6 +220,9 @@ class OpenVinoEngine(Scheduler):
             "frequency_penalty": params.frequency_penalty,
             "eos": self.eos,
         }
+        structured = self._structured_output(params)
+        if structured:
+            fields["structured_output"] = structured
         if not params.greedy:
             fields["do_sample"] = True
             fields["temperature"] = params.temperature
@@ -229,6 +267,11 @@ class OpenVinoEngine(Scheduler):
         except (EOFError, OSError):
             raise self._gone() from None
         assert isinstance(message, Tokens)
+        for rid, why in message.refused:
+            refused = self._by_rid.get(rid)
+            if refused is not None:
+                self._forget(refused)  # never added there: nothing to drop
+                self._finish(refused, "abort", invalid_arg(f"guided_decoding: {why}"))
         error = internal(f"generation failed: {message.error}") if message.error else None
         for rid, ids, logprobs, end in message.items:
             found = self._by_rid.get(rid)
