@@ -150,6 +150,10 @@ def test_a_grammar_xgrammar_refuses_fails_that_request_only(engine: Any) -> None
     assert (ended.error, ended.finish_reason, ended.num_output_tokens) == (None, "length", 40)
     text, reason = run(engine, guided({"choice": ["up", "down"]}, 1))  # the engine serves on
     assert text in ("up", "down") and reason == "stop"
+    again = Collect()  # the verdict is remembered: refused again, without a compile
+    engine.submit(engine.encode(PROMPTS[2]), guided({"regex": r"\p{L}+"}, 1), again)
+    error = again.wait()[-1].error
+    assert error is not None and error.code == ErrorCode.INVALID_ARG
 
 
 def test_a_lark_grammar_is_refused_naming_the_engine_that_runs_it(engine: Any) -> None:

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import re
 import tempfile
+from collections import OrderedDict
 from itertools import count
 from pathlib import Path
 from typing import Any
 
 from oceanus.backends.llm.openvino_export import EXPORT_VERSION, cache_root, cached_folder, export
 
+VERDICTS_KEPT = 1024  # grammars whose verdict is remembered (their texts: kB each)
 # "[08:58:06] /path/to/xgrammar-src/cpp/regex_converter.cc:75: " before xgrammar's own words
 _XGRAMMAR_PLACE = re.compile(r"\[[\d:]+\] \S+:\d+: ")
 
@@ -55,6 +57,9 @@ class GrammarCheck:
         self._folder = cached_checker_model(vocab)
         self._ids = count()
         self._pipe = self._build()
+        # Verdicts by grammar: a client repeats its schema, and a check costs a compile (more
+        # with a large vocabulary) in the worker's loop, between the steps of every stream.
+        self._verdicts: OrderedDict[tuple[tuple[str, str], ...], str] = OrderedDict()
 
     def _build(self) -> Any:
         scheduler = self._genai.SchedulerConfig()
@@ -72,6 +77,17 @@ class GrammarCheck:
         )
 
     def error(self, fields: dict[str, str]) -> str:
+        key = tuple(sorted(fields.items()))
+        if key in self._verdicts:
+            self._verdicts.move_to_end(key)
+            return self._verdicts[key]
+        verdict = self._compile(fields)
+        self._verdicts[key] = verdict
+        if len(self._verdicts) > VERDICTS_KEPT:
+            self._verdicts.popitem(last=False)
+        return verdict
+
+    def _compile(self, fields: dict[str, str]) -> str:
         import numpy as np
         import openvino as ov
 
