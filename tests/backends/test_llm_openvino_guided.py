@@ -7,6 +7,7 @@ that runs it. Through the server: the openai client's `response_format` json_sch
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
@@ -109,6 +110,21 @@ def test_the_default_engine_takes_the_same_choices_literally() -> None:
             assert (text in choices, reason) == (True, "stop")
     finally:
         default.close()
+
+
+@pytest.mark.parametrize("more", [{"ignore_eos": True}, {"min_tokens": 6}])
+def test_a_guided_reply_ends_with_its_grammar(engine: Any, more: dict[str, Any]) -> None:
+    """As on the default engine (its grammar's completion ends the reply): the pipeline, told to
+    ignore EOS, would go on past the grammar in free text; held to min_tokens, it would add
+    special tokens."""
+    params = guided({"choice": ["yes", "no"]}, 0, max_tokens=12)
+    sink = Collect()
+    engine.submit(engine.encode(PROMPTS[0]), dataclasses.replace(params, **more), sink)
+    text, last = sink.text, sink.outputs[-1]
+    assert (text in ("yes", "no"), last.finish_reason) == (True, "stop")
+    tokens = [t for out in sink.outputs for t in out.token_ids]
+    assert tokens[-1] == engine.eos  # the reply's own tokens, then EOS: nothing special between
+    assert engine.tokenizer.decode(tokens[:-1], skip_special_tokens=False) == text
 
 
 @pytest.mark.parametrize(

@@ -50,6 +50,17 @@ def kv_cache_gb(config: Any, tokens: int, precision: str) -> int:
     return max(1, math.ceil(tokens * per_token * 1.1 / 2**30))
 
 
+class _GrammarEnd:
+    """A guided sequence's `guide` here: the pipeline's xgrammar masks the logits, and its
+    grammar is complete when it lets EOS through, which ends the reply even with ignore_eos."""
+
+    def __init__(self, eos: int | None) -> None:
+        self.eos = eos
+
+    def advance(self, token: int) -> bool:
+        return token == self.eos
+
+
 class OpenVinoEngine(Scheduler):
     thread_name = "llm-openvino"
 
@@ -171,6 +182,8 @@ class OpenVinoEngine(Scheduler):
                 "engine 'openvino' reports the chosen token's log probability only: "
                 f"'logprobs' {params.logprobs} asks for more"
             )
+        if structured:
+            seq.guide = _GrammarEnd(self.eos)
 
     @staticmethod
     def _structured_output(params: Any) -> dict[str, str] | None:
@@ -210,10 +223,14 @@ class OpenVinoEngine(Scheduler):
 
     def _generation_config(self, seq: Sequence) -> dict[str, Any]:
         params = seq.params
+        free = params.guided_decoding is None
         fields: dict[str, Any] = {
             "max_new_tokens": max(1, min(params.max_tokens, self.max_len - len(seq.prompt))),
-            "min_new_tokens": params.min_tokens,
-            "ignore_eos": params.ignore_eos,
+            # A guided reply ends with its grammar: once complete, xgrammar allows only EOS,
+            # which min_tokens would mask (the pipeline then picks special tokens) and
+            # ignore_eos would step over into unguided text.
+            "min_new_tokens": params.min_tokens if free else 0,
+            "ignore_eos": params.ignore_eos and free,
             "logprobs": 1,  # the chosen token's: cumulative_logprob and `logprobs` need it
             "repetition_penalty": params.repetition_penalty,
             "presence_penalty": params.presence_penalty,
