@@ -58,8 +58,8 @@ class Tokens(NamedTuple):
 
     items: list[tuple[int, list[int], list[float], str]]
     error: str = ""  # the step failed: every live request ended with it
-    # (rid, why) for requests the pipeline refused at add_request (a grammar xgrammar cannot
-    # compile): only they end, before any step.
+    # (rid, why) for requests refused before any step (a grammar xgrammar cannot compile, by
+    # the grammar check or add_request): only they end.
     refused: tuple[tuple[int, str], ...] = ()
     kind: int = 5
 
@@ -98,8 +98,8 @@ def _guided(genai: Any, start: Start, ir_dir: Path) -> tuple[Any, Any, str]:
         tokenizer = genai.Tokenizer(str(folder))
         vocab = int(json.loads((ir_dir / "config.json").read_text())["vocab_size"])
         return tokenizer, GrammarCheck(genai, tokenizer, vocab), ""
-    except Exception as exc:
-        return None, None, f"its tokenizer did not convert to OpenVINO ({_text(exc)})"
+    except Exception as exc:  # the tokenizer's conversion, or the checker's model
+        return None, None, f"structured output could not be set up ({_text(exc)})"
 
 
 def _text(exc: BaseException) -> str:
@@ -146,7 +146,9 @@ def serve(channel: Channel) -> None:
             if isinstance(message, Add):
                 ids = ov.Tensor(np.array([message.prompt], dtype=np.int64))
                 structured = message.config.get("structured_output")
-                why = check.error(structured) if structured and check else ""
+                why = ""
+                if structured:  # never unchecked: a bad grammar would break the pipeline
+                    why = check.error(structured) if check else no_guided
                 try:
                     if not why:
                         config = _config(genai, dict(message.config))
