@@ -174,8 +174,8 @@ def test_a_cancelled_request_leaves_at_the_next_step(engine: Any) -> None:
     ("params", "words"),
     [
         (
-            greedy(4, guided='{"regex": "a+"}'),
-            "guided decoding is not supported by engine 'openvino'",
+            greedy(4, guided_decoding='{"grammar": "start: \\"a\\""}'),
+            "Lark grammar .* is not supported by engine 'openvino'",
         ),
         (greedy(4, logprobs=3), "chosen token's log probability only"),
         (greedy(4, logit_bias=((5, 1.0),)), "logit_bias is not supported"),

@@ -2,7 +2,7 @@
 to int8 (per output channel) or int4 (groups), they stay compressed in the pipeline (the IR's
 weight file shrinks), and greedy decoding keeps to the float model's choices; `int4` on the
 default engine is refused naming the engine that runs it. A quantized GGUF file keeps its
-weights quantized there."""
+weights quantized there. Each of these engines also answers a guided choice."""
 
 from __future__ import annotations
 
@@ -47,6 +47,23 @@ def _greedy(engine: Any, prompt: list[int], length: int) -> list[int]:
     return tokens
 
 
+def _guided_choice(engine: Any) -> str:
+    """A choice under guided decoding (the converted tokenizer serves every folder)."""
+    guided = json.dumps({"choice": ["red", "green", "blue"]})
+    params = SamplingParams(max_tokens=8, temperature=0.0, guided_decoding=guided)
+    text: list[str] = []
+    done = threading.Event()
+
+    def sink(out: Any) -> None:
+        text.append(out.text)
+        if out.finished:
+            done.set()
+
+    engine.submit(engine.encode(PROMPTS[0]), params, sink)
+    assert done.wait(120)
+    return "".join(text)
+
+
 def _top1_agreement(prompts: list[list[int]], outputs: list[list[int]]) -> float:
     """The share of our greedy tokens that are transformers' float32 argmax, teacher-forced."""
     model = AutoModelForCausalLM.from_pretrained(cached_llm("tiny")).eval()
@@ -72,6 +89,7 @@ def _decode(
     try:
         prompts = [engine.encode(p) for p in PROMPTS]
         outputs = [_greedy(engine, ids, 24) for ids in prompts]
+        assert _guided_choice(engine) in ("red", "green", "blue")
         return engine.weights_bytes, prompts, outputs, engine.args
     finally:
         engine.close()

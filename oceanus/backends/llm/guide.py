@@ -3,8 +3,10 @@
 `guided_decoding` in `sampling_parameters` is what Triton's OpenAI frontend sends its vLLM
 backend: a JSON object (or its text) of vLLM's GuidedDecodingParams, of which `json` (a JSON
 schema), `json_object` (any JSON object), `regex`, `choice` (a list of strings) and `grammar`
-(Lark) are read. Why llguidance (bench/investigations/grammar.py, docs/openai.md): no
-dependencies of its own
+(Lark) are read, and our own `tagged_json` ({"begin", "schema", "end"}: a JSON value between two
+fixed strings), which the OpenAI frontend sends for `tool_choice: "required"` so that both
+engines can serve it (the openvino engine's xgrammar reads no Lark). Why llguidance
+(bench/investigations/grammar.py, docs/openai.md): no dependencies of its own
 (xgrammar pulls torch, transformers and the GPU `triton` package), it compiles a schema for our
 tokenizers in ~8 ms, and its mask costs ~10 us a token, nothing beside a decoding step.
 """
@@ -13,16 +15,58 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from oceanus.core.errors import invalid_arg
 
-_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+if TYPE_CHECKING:  # torch is the Guide's alone: the openvino engine reads specs without it
+    import torch
+
+_KINDS = ("json", "json_object", "regex", "choice", "grammar", "tagged_json")
 # JSON as `json.dumps` writes it: free whitespace would let a model wander in blanks (a schema's
 # own "x-guidance" settings still win).
 _JSON_STYLE: Any = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
+
+
+def guided_kind(guided: str) -> tuple[str, Any]:
+    """The one kind a `guided_decoding` text sets and its value; INVALID_ARG otherwise."""
+    try:
+        spec = json.loads(guided)
+    except ValueError as exc:
+        raise invalid_arg(f"guided_decoding is not valid JSON: {exc}") from None
+    spec = (
+        {k: v for k, v in spec.items() if v not in (None, False)} if isinstance(spec, dict) else {}
+    )
+    kinds = [k for k in _KINDS if k in spec]
+    if len(kinds) != 1:
+        raise invalid_arg(f"guided_decoding must set exactly one of {', '.join(_KINDS)}")
+    return kinds[0], spec[kinds[0]]
+
+
+# Only what is special in both engines' regex dialects: xgrammar (the openvino engine's) warns
+# on needless escapes such as `re.escape`'s "\ " and "\-".
+_SPECIAL = re.compile(r"([\\^$.|?*+()\[\]{}])")
+
+
+def choice_regex(choices: Any) -> str:
+    """A regex matching exactly one of `choices` (each taken literally)."""
+    return "|".join(_SPECIAL.sub(r"\\\1", str(c)) for c in choices)
+
+
+def tagged_json(value: Any) -> tuple[str, Any, str]:
+    """`tagged_json`'s begin, schema and end; INVALID_ARG when it is not such an object."""
+    if not isinstance(value, dict) or not isinstance(value.get("schema"), dict):
+        raise invalid_arg("guided_decoding 'tagged_json' needs an object with a 'schema' object")
+    return str(value.get("begin") or ""), value["schema"], str(value.get("end") or "")
+
+
+def without_key(value: Any, key: str) -> Any:
+    """`value` (parsed JSON) with `key` removed from every object in it."""
+    if isinstance(value, dict):
+        return {k: without_key(v, key) for k, v in value.items() if k != key}
+    if isinstance(value, list):
+        return [without_key(v, key) for v in value]
+    return value
 
 
 def grammar_of(guided: str) -> str:
@@ -34,17 +78,7 @@ def grammar_of(guided: str) -> str:
         raise invalid_arg(
             "guided decoding needs the 'llguidance' package: pip install 'oceanus[llm]'"
         ) from None
-    try:
-        spec = json.loads(guided)
-    except ValueError as exc:
-        raise invalid_arg(f"guided_decoding is not valid JSON: {exc}") from None
-    spec = (
-        {k: v for k, v in spec.items() if v not in (None, False)} if isinstance(spec, dict) else {}
-    )
-    kinds = [k for k in _KINDS if k in spec]
-    if len(kinds) != 1:
-        raise invalid_arg(f"guided_decoding must set exactly one of {', '.join(_KINDS)}")
-    kind, value = kinds[0], spec[kinds[0]]
+    kind, value = guided_kind(guided)
     matcher = llguidance.LLMatcher
     if kind == "json":
         schema = value if isinstance(value, str) else json.dumps(value)
@@ -54,7 +88,14 @@ def grammar_of(guided: str) -> str:
     elif kind == "regex":
         grammar = matcher.grammar_from_regex(str(value))
     elif kind == "choice":
-        grammar = matcher.grammar_from_regex("|".join(re.escape(str(c)) for c in value))
+        grammar = matcher.grammar_from_regex(choice_regex(value))
+    elif kind == "tagged_json":
+        begin, schema, end = tagged_json(value)
+        parts = [json.dumps(begin)] if begin else []
+        parts += ["value"] + ([json.dumps(end)] if end else [])
+        grammar = matcher.grammar_from_lark(
+            f"start: {' '.join(parts)}\nvalue: %json {json.dumps(schema)}"
+        )
     else:
         grammar = matcher.grammar_from_lark(str(value))
     error = matcher.validate_grammar(grammar)
@@ -68,6 +109,7 @@ class Guide:
 
     def __init__(self, tokenizer: Any, grammar: str) -> None:
         import llguidance
+        import torch
 
         self._matcher = llguidance.LLMatcher(tokenizer, grammar)
         words = (tokenizer.vocab_size + 31) // 32
@@ -75,6 +117,8 @@ class Guide:
 
     def mask(self, logits: torch.Tensor) -> None:
         """Disallowed tokens' logits to -inf (in place, `[vocab]` row)."""
+        import torch
+
         bits = self._bits
         self._matcher.unsafe_compute_mask_ptr(bits.data_ptr(), bits.numel() * 4)
         shifts = torch.arange(32, dtype=torch.int32)

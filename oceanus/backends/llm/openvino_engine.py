@@ -7,14 +7,17 @@ the server's queue), detokenizing with the model's Hugging Face tokenizer, stop 
 held back, metrics, cancellation. The worker owns the model: it traces it to OpenVINO on first
 use (openvino_export.py, cached), then steps the pipeline while requests are live and sends
 each step's new token ids back. The pipeline samples (greedy, temperature, top-k/p, penalties,
-seeds). What it cannot do is refused per request, naming the engine: guided decoding
-(structured output), `logit_bias`, and more than the chosen token's log probability."""
+seeds) and runs guided decoding (structured output: `guided_decoding`'s json, json_object,
+regex and choice, through GenAI's xgrammar, on the tokenizer converted to OpenVINO). What it
+cannot do is refused per request, naming the engine: a Lark `grammar`, `logit_bias`, and more
+than the chosen token's log probability."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import importlib.util
+import json
 import logging
 import math
 import socket
@@ -27,6 +30,7 @@ from typing import Any
 from oceanus.backends.llm import gguf_model
 from oceanus.backends.llm.args import EngineArgs
 from oceanus.backends.llm.engine_choice import GENAI_EXTRA, NNCF_EXTRA
+from oceanus.backends.llm.guide import choice_regex, guided_kind, tagged_json, without_key
 from oceanus.backends.llm.openvino_worker import KINDS, Add, Drop, Ready, Start, Stop, Tokens
 from oceanus.backends.llm.scheduler import Scheduler, Sequence
 from oceanus.core.errors import InferenceServerError, internal, invalid_arg, unavailable
@@ -45,6 +49,17 @@ def kv_cache_gb(config: Any, tokens: int, precision: str) -> int:
     per_token = 2 * int(config.num_hidden_layers) * kv_heads * head_dim
     per_token *= 4 if precision == "f32" else 2
     return max(1, math.ceil(tokens * per_token * 1.1 / 2**30))
+
+
+class _GrammarEnd:
+    """A guided sequence's `guide` here: the pipeline's xgrammar masks the logits, and its
+    grammar is complete when it lets EOS through, which ends the reply even with ignore_eos."""
+
+    def __init__(self, eos: int | None) -> None:
+        self.eos = eos
+
+    def advance(self, token: int) -> bool:
+        return token == self.eos
 
 
 class OpenVinoEngine(Scheduler):
@@ -109,7 +124,14 @@ class OpenVinoEngine(Scheduler):
         child.close()
         self._channel = Channel(parent, KINDS)
         try:
-            start = Start(str(args.model), scheduler, properties, args.quantization or "")
+            start = Start(
+                str(args.model),
+                scheduler,
+                properties,
+                args.quantization or "",
+                str(args.tokenizer),
+                remote,
+            )
             self._channel.send(start)
             ready = self._channel.recv()
         except (EOFError, OSError):
@@ -119,6 +141,9 @@ class OpenVinoEngine(Scheduler):
             detail = ready.error if isinstance(ready, Ready) else repr(ready)
             raise unavailable(f"the openvino engine failed to start: {detail}")
         self.ir_dir = ready.ir_dir
+        self.no_guided = ready.no_guided  # why structured output is off ("": it is on)
+        if self.no_guided:
+            log.warning("LLM engine 'openvino': no guided decoding: %s", self.no_guided)
         self.export_s = ready.export_s
         # The weights the worker compiled (the IR's .bin files: fp32 as traced, or compressed).
         self.weights_bytes = sum(f.stat().st_size for f in Path(self.ir_dir).glob("*.bin"))
@@ -145,23 +170,54 @@ class OpenVinoEngine(Scheduler):
         params = seq.params
         if self._dead:
             raise unavailable(f"the openvino engine process is gone ({self._dead})")
-        if params.guided is not None:
+        structured = self._structured_output(params)  # a Lark grammar: refused here
+        if structured and self.no_guided:
             raise invalid_arg(
-                "guided decoding is not supported by engine 'openvino' (model.json): "
-                "use engine 'transformers'"
+                f"guided decoding is off on engine 'openvino' for this model: {self.no_guided}; "
+                "use engine 'transformers' (model.json)"
             )
         if params.logit_bias:
-            raise invalid_arg("logit_bias is not supported by engine 'openvino' (model.json)")
+            raise self._refused("logit_bias")
         if params.prompt_logprobs is not None:
-            raise invalid_arg(
-                "prompt logprobs (echo with logprobs, prompt_logprobs) are not supported by "
-                "engine 'openvino' (model.json): use engine 'transformers'"
-            )
+            raise self._refused("prompt logprobs (echo with logprobs, prompt_logprobs)")
         if params.logprobs is not None and params.logprobs > 1:
-            raise invalid_arg(
-                "engine 'openvino' reports the chosen token's log probability only: "
-                f"'logprobs' {params.logprobs} asks for more"
+            raise self._refused(
+                f"'logprobs' {params.logprobs} (it reports the chosen token's log probability only)"
             )
+        if structured:
+            seq.guide = _GrammarEnd(self.eos)
+
+    def _structured_output(self, params: Any) -> dict[str, Any] | None:
+        """`guided_decoding` as GenAI's StructuredOutputConfig fields (openvino_grammar.py;
+        None: free text); INVALID_ARG for a Lark grammar, which xgrammar does not read."""
+        if params.guided_decoding is None:
+            return None
+        kind, value = guided_kind(params.guided_decoding)
+        if kind == "json":
+            return {"json_schema": value if isinstance(value, str) else json.dumps(value)}
+        if kind == "json_object":
+            return {"json_schema": '{"type": "object"}'}
+        if kind == "regex":
+            return {"regex": str(value)}
+        if kind == "choice":
+            return {"regex": choice_regex(value)}
+        if kind == "tagged_json":  # a tool call in its parser's markers
+            begin, schema, end = tagged_json(value)
+            # llguidance's whitespace settings: not a JSON schema keyword xgrammar knows
+            text = json.dumps(without_key(schema, "x-guidance"))
+            if not begin and not end:
+                return {"json_schema": text}
+            return {"tagged_json": [begin, text, end]}
+        raise self._refused("guided decoding by a Lark grammar (guided_grammar)")
+
+    def _refused(self, what: str) -> InferenceServerError:
+        """INVALID_ARG for what only the transformers engine serves, naming how to get it."""
+        chosen = self.args.engine_source
+        how = 'model.json\'s "engine": "auto" chose it' if chosen.startswith("auto") else chosen
+        return invalid_arg(
+            f"{what} is not supported by engine 'openvino' ({how}): set \"engine\": "
+            '"transformers" in model.json (oceanus serve --engine transformers)'
+        )
 
     def close(self) -> None:
         super().close()
@@ -181,16 +237,23 @@ class OpenVinoEngine(Scheduler):
 
     def _generation_config(self, seq: Sequence) -> dict[str, Any]:
         params = seq.params
+        free = params.guided_decoding is None
         fields: dict[str, Any] = {
             "max_new_tokens": max(1, min(params.max_tokens, self.max_len - len(seq.prompt))),
-            "min_new_tokens": params.min_tokens,
-            "ignore_eos": params.ignore_eos,
+            # A guided reply ends with its grammar: once complete, xgrammar allows only EOS,
+            # which min_tokens would mask (the pipeline then picks special tokens) and
+            # ignore_eos would step over into unguided text.
+            "min_new_tokens": params.min_tokens if free else 0,
+            "ignore_eos": params.ignore_eos and free,
             "logprobs": 1,  # the chosen token's: cumulative_logprob and `logprobs` need it
             "repetition_penalty": params.repetition_penalty,
             "presence_penalty": params.presence_penalty,
             "frequency_penalty": params.frequency_penalty,
             "eos": self.eos,
         }
+        structured = self._structured_output(params)
+        if structured:
+            fields["structured_output"] = structured
         if not params.greedy:
             fields["do_sample"] = True
             fields["temperature"] = params.temperature
@@ -235,6 +298,11 @@ class OpenVinoEngine(Scheduler):
         except (EOFError, OSError):
             raise self._gone() from None
         assert isinstance(message, Tokens)
+        for rid, why in message.refused:
+            refused = self._by_rid.get(rid)
+            if refused is not None:
+                self._forget(refused)  # never added there: nothing to drop
+                self._finish(refused, "abort", invalid_arg(f"guided_decoding: {why}"))
         error = internal(f"generation failed: {message.error}") if message.error else None
         for rid, ids, logprobs, end in message.items:
             found = self._by_rid.get(rid)

@@ -11,7 +11,8 @@ rest of the server), so this module traces the decoder itself, through OpenVINO'
 frontend, for the Llama family (llama, mistral, qwen2: RMSNorm, rotary embeddings from the
 model's own `inv_freq`, grouped-query attention, gated MLP), with the model's own modules for
 every weight. Traced once per model folder and cached (`cached_ir`), in fp32: the pipeline's
-precision is a runtime setting."""
+precision is a runtime setting. The tokenizer converted to OpenVINO, which GenAI's structured
+output needs, is cached apart from it (`cached_tokenizer`)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from oceanus.core.errors import invalid_arg
 # Bump when the traced graph changes: cached folders of an older layout are traced again.
 EXPORT_VERSION = 1
 MODEL_XML = "openvino_model.xml"
+TOKENIZER_XML = "openvino_tokenizer.xml"
 
 
 def cache_root() -> Path:
@@ -72,16 +74,44 @@ def cached_ir(model: Path, quantization: str | None = None) -> tuple[Path, float
     check_architecture(model)
     target = cache_root() / folder_key(model)
     if quantization is None:
-        return _cached(target, lambda staging: export(model, staging))
+        return cached_folder(target, lambda staging: export(model, staging))
     plain, traced_s = cached_ir(model)
     compressed = plain.with_name(f"{plain.name}-{quantization}")
-    folder, compress_s = _cached(compressed, lambda staging: compress(plain, staging, quantization))
+    folder, compress_s = cached_folder(
+        compressed, lambda staging: compress(plain, staging, quantization)
+    )
     return folder, traced_s + compress_s
 
 
-def _cached(target: Path, make: Callable[[Path], None]) -> tuple[Path, float]:
-    """`target`, made by `make(staging)` in a staging folder unless it is there already."""
-    if (target / MODEL_XML).is_file():
+def cached_tokenizer(tokenizer: Path, trust_remote_code: bool = False) -> Path:
+    """The Hugging Face tokenizer folder converted to OpenVINO (tokenizer and detokenizer
+    models), cached by the folder's contents. GenAI's structured output needs it: xgrammar
+    reads the vocabulary from it. Kept apart from the traced model, so one conversion serves
+    the float and the compressed IR alike, a model.json `tokenizer` of its own is honoured,
+    and folders traced before it existed are not traced again."""
+    target = cache_root() / f"{folder_key(tokenizer)}-tokenizer"
+    return cached_folder(
+        target, lambda s: _convert_tokenizer(tokenizer, s, trust_remote_code), TOKENIZER_XML
+    )[0]
+
+
+def _convert_tokenizer(tokenizer: Path, target: Path, trust_remote_code: bool) -> None:
+    import openvino as ov
+    import openvino_tokenizers
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(tokenizer, trust_remote_code=trust_remote_code)
+    encoder, decoder = openvino_tokenizers.convert_tokenizer(hf, with_detokenizer=True)
+    ov.save_model(encoder, target / TOKENIZER_XML)
+    ov.save_model(decoder, target / "openvino_detokenizer.xml")
+
+
+def cached_folder(
+    target: Path, make: Callable[[Path], None], marker: str = MODEL_XML
+) -> tuple[Path, float]:
+    """`target`, made by `make(staging)` in a staging folder unless its `marker` file is there
+    already."""
+    if (target / marker).is_file():
         return target, 0.0
     began = time.monotonic()
     staging = target.with_name(f"{target.name}.{os.getpid()}.tmp")
@@ -91,7 +121,7 @@ def _cached(target: Path, make: Callable[[Path], None]) -> tuple[Path, float]:
         make(staging)
         staging.rename(target)  # whole or not at all: a crash leaves only a .tmp folder
     except OSError:
-        if not (target / MODEL_XML).is_file():
+        if not (target / marker).is_file():
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -188,8 +188,10 @@ _CALL_STYLE = {"whitespace_flexible": False, "key_separator": ": ", "item_separa
 
 
 def _required_call(tools: list[Any], parser: Parser, parameters: dict[str, Any]) -> None:
-    """tool_choice "required": a grammar (llguidance Lark with embedded JSON schemas) that
-    lets the reply be only tool calls in the parser's format, one of the given functions each."""
+    """tool_choice "required": the reply is only tool calls in the parser's format, one of the
+    given functions each: guided decoding's `tagged_json` (a JSON schema between the parser's
+    markers), which both LLM engines read (the transformers engine as a Lark grammar, the
+    openvino engine as GenAI's compound grammar)."""
     if "guided_decoding" in parameters:
         raise bad_request(
             "tool_choice 'required' cannot be combined with a 'response_format'", "tool_choice"
@@ -210,22 +212,24 @@ def _required_call(tools: list[Any], parser: Parser, parameters: dict[str, Any])
     call: dict[str, Any] = {"x-guidance": _CALL_STYLE, "anyOf": options}
     if parser.name == "mistral":
         schema = {"x-guidance": _CALL_STYLE, "type": "array", "items": call, "minItems": 1}
-        lark = f"start: {json.dumps(parser.marker)} calls\ncalls: %json {json.dumps(schema)}"
+        tagged = {"begin": parser.marker, "schema": schema, "end": ""}
     elif parser.name == "hermes":
-        lark = f'start: "<tool_call>" call "</tool_call>"\ncall: %json {json.dumps(call)}'
+        tagged = {"begin": "<tool_call>", "schema": call, "end": "</tool_call>"}
     else:  # llama3_json: the reply is the call's JSON
-        lark = f"start: call\ncall: %json {json.dumps(call)}"
+        tagged = {"begin": "", "schema": call, "end": ""}
     if importlib.util.find_spec("llguidance") is not None:  # a schema it cannot compile: 400
         import llguidance
 
         matcher = llguidance.LLMatcher
         try:
-            error = matcher.validate_grammar(matcher.grammar_from_lark(lark))
+            error = matcher.validate_grammar(
+                matcher.grammar_from_json_schema(json.dumps(tagged["schema"]))
+            )
         except Exception as exc:
             error = str(exc)
         if error:
             raise bad_request(f"the tools' parameters cannot be compiled: {error}", "tools")
-    parameters["guided_decoding"] = json.dumps({"grammar": lark})
+    parameters["guided_decoding"] = json.dumps({"tagged_json": tagged})
 
 
 def chat_plan(
