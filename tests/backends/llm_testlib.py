@@ -1,16 +1,44 @@
 """What the LLM tests share: the prompts they send (short and long: the long ones prefill over
-several chunks when the engine's prefill budget is small, one of them code) and the check of
-bfloat16 output against transformers' logits."""
+several chunks when the engine's prefill budget is small, one of them code), a request's sink
+(Collect) and the check of bfloat16 output against transformers' logits."""
 
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM
 
+from oceanus.backends.llm.scheduler import StepOutput
 from oceanus.examples.llm import cached_llm
+
+
+class Collect:
+    """A sink per request: its outputs, and an event set by the last."""
+
+    def __init__(self) -> None:
+        self.outputs: list[StepOutput] = []
+        self.done = threading.Event()
+
+    def __call__(self, out: StepOutput) -> None:
+        self.outputs.append(out)
+        if out.finished:
+            self.done.set()
+
+    def wait(self) -> list[StepOutput]:
+        assert self.done.wait(60)
+        return self.outputs
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for out in self.outputs for t in out.token_ids]
+
+    @property
+    def text(self) -> str:
+        return "".join(out.text for out in self.wait())
+
 
 PROMPTS = [
     "The ocean covers",

@@ -33,7 +33,7 @@ from oceanus.core.errors import ErrorCode, InferenceServerError
 from oceanus.examples.llm import cached_llm, write_llm_model
 
 sys.path.insert(0, str(Path(__file__).parent))
-from llm_testlib import PROMPTS, worst_margin_in_ulps
+from llm_testlib import PROMPTS, Collect, worst_margin_in_ulps
 
 
 @pytest.fixture(scope="module")
@@ -44,27 +44,6 @@ def engine() -> Any:
     engine = OpenVinoEngine(args, threads=2)
     yield engine
     engine.close()
-
-
-class Collect:
-    """A sink per request: its outputs, and an event set by the last."""
-
-    def __init__(self) -> None:
-        self.outputs: list[StepOutput] = []
-        self.done = threading.Event()
-
-    def __call__(self, out: StepOutput) -> None:
-        self.outputs.append(out)
-        if out.finished:
-            self.done.set()
-
-    def wait(self) -> list[StepOutput]:
-        assert self.done.wait(60)
-        return self.outputs
-
-    @property
-    def tokens(self) -> list[int]:
-        return [t for out in self.outputs for t in out.token_ids]
 
 
 def greedy(max_tokens: int, **more: Any) -> SamplingParams:

@@ -11,7 +11,6 @@ import dataclasses
 import json
 import re
 import sys
-import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -27,12 +26,11 @@ from oceanus.backends.llm.args import EngineArgs
 from oceanus.backends.llm.openvino_engine import OpenVinoEngine
 from oceanus.backends.llm.openvino_export import cached_tokenizer
 from oceanus.backends.llm.sampling import SamplingParams
-from oceanus.backends.llm.scheduler import StepOutput
 from oceanus.core.errors import ErrorCode, InferenceServerError
 from oceanus.examples.llm import cached_llm, write_llm_model
 
 sys.path.insert(0, str(Path(__file__).parent))
-from llm_testlib import PROMPTS
+from llm_testlib import PROMPTS, Collect
 
 
 @pytest.fixture(scope="module")
@@ -42,27 +40,6 @@ def engine() -> Any:
     engine = OpenVinoEngine(args, threads=2)
     yield engine
     engine.close()
-
-
-class Collect:
-    """A sink per request: its outputs, and an event set by the last."""
-
-    def __init__(self) -> None:
-        self.outputs: list[StepOutput] = []
-        self.done = threading.Event()
-
-    def __call__(self, out: StepOutput) -> None:
-        self.outputs.append(out)
-        if out.finished:
-            self.done.set()
-
-    def wait(self) -> list[StepOutput]:
-        assert self.done.wait(60)
-        return self.outputs
-
-    @property
-    def text(self) -> str:
-        return "".join(out.text for out in self.wait())
 
 
 def guided(spec: dict[str, Any], seed: int, max_tokens: int = 24) -> SamplingParams:
