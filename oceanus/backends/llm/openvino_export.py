@@ -83,6 +83,11 @@ def cached_ir(model: Path, quantization: str | None = None) -> tuple[Path, float
     return folder, traced_s + compress_s
 
 
+def is_cached(model: Path) -> bool:
+    """Whether the model's traced (float) folder is in the cache: its load traces nothing."""
+    return (cache_root() / folder_key(model) / MODEL_XML).is_file()
+
+
 def cached_tokenizer(tokenizer: Path, trust_remote_code: bool = False) -> Path:
     """The Hugging Face tokenizer folder converted to OpenVINO (tokenizer and detokenizer
     models), cached by the folder's contents. GenAI's structured output needs it: xgrammar
