@@ -5,7 +5,8 @@ Why "auto" prefers OpenVINO (docs/serving-your-llm.md, "Two engines"; bench/resu
 same weights and machine, the openvino engine made 1.7-2.2x the transformers engine's output
 tokens/s at 1, 8 and 32 concurrent streams, and it keeps a GGUF file's quantized weights
 quantized. What stays on the transformers engine: architectures the exporter does not trace,
-models served for pooling or scoring, LoRA adapters, and installs without openvino-genai.
+models served for pooling or scoring, LoRA adapters, installs without openvino-genai, and
+models whose first openvino load (a float32 trace) would not fit the memory available.
 Requests asking what only the transformers engine does (logit_bias, top-N or prompt logprobs,
 Lark grammars) are refused per request, naming the key that switches engines."""
 
