@@ -8,8 +8,9 @@ held back, metrics, cancellation. The worker owns the model: it traces it to Ope
 use (openvino_export.py, cached), then steps the pipeline while requests are live and sends
 each step's new token ids back. The pipeline samples (greedy, temperature, top-k/p, penalties,
 seeds) and runs guided decoding (structured output: `guided_decoding`'s json, json_object,
-regex and choice, through GenAI's xgrammar, on the tokenizer converted to OpenVINO). What it
-cannot do is refused per request, naming the engine: a Lark `grammar`, `logit_bias`, and more
+regex, choice and tagged_json (tool_choice "required"), through GenAI's xgrammar, on the
+tokenizer converted to OpenVINO). What it cannot do is refused per request, naming the
+model.json key that switches engines: a Lark `grammar`, `logit_bias`, prompt logprobs and more
 than the chosen token's log probability."""
 
 from __future__ import annotations
