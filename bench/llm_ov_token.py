@@ -21,19 +21,12 @@ import os
 import statistics
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import benchlib
 from membw import read_bandwidth
 
 PROMPT = "The tide comes in twice a day, and the harbour master writes down every high water."
-
-
-def worker_cpu_s(pid: int) -> float:
-    """utime + stime of a process, in seconds (/proc/PID/stat fields 14 and 15)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def one_request(engine: Any, tokens: int) -> tuple[float, float]:
@@ -47,10 +40,10 @@ def one_request(engine: Any, tokens: int) -> tuple[float, float]:
             done.set()
 
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-    cpu_before = worker_cpu_s(engine._process.pid)
+    cpu_before = benchlib.cpu_seconds(engine._process.pid)
     seq = engine.submit(engine.encode(PROMPT), params, sink)
     done.wait()
-    cpu_ms = (worker_cpu_s(engine._process.pid) - cpu_before) * 1e3 / max(1, tokens)
+    cpu_ms = (benchlib.cpu_seconds(engine._process.pid) - cpu_before) * 1e3 / max(1, tokens)
     return statistics.median(seq.token_gaps_ns) / 1e6, cpu_ms
 
 
