@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from oceanus.backends.llm import embedder, loading
+from oceanus.backends.llm.args import read_engine_args
 from oceanus.core.backend import InstanceSpec, LoadContext, ModelFiles
 from oceanus.core.repository import model_config
 from oceanus.examples.embedder import write_embedding_model
@@ -41,7 +42,8 @@ def _load_embedder(folder: Path) -> Any:
     config = model_config.read_config_file(folder / "config.pbtxt")
     model_config.normalize(config)
     files = ModelFiles(folder, folder / "1", folder / "1" / "model.json")
-    return embedder.EmbeddingInstance(LoadContext(config, files, InstanceSpec("e_0", "CPU", 0, 1)))
+    context = LoadContext(config, files, InstanceSpec("e_0", "CPU", 0, 1))
+    return embedder.EmbeddingInstance(context, read_engine_args(folder / "1", config.name))
 
 
 def test_the_embedders_load_waits_for_an_engines_build(

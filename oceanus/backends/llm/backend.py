@@ -120,12 +120,12 @@ class LlmBackend(Backend):
         if is_classifier(Path(args.model)):  # a cross-encoder: it scores pairs
             from oceanus.backends.llm.classifier import ClassifierInstance
 
-            return ClassifierInstance(context)
+            return ClassifierInstance(context, args)
         # The model's own config says it embeds, or model.json asks a decoder to (vLLM's
         # runner "pooling").
         if args.runner == "pooling" or is_embedding_model(Path(args.model)):
-            return EmbeddingInstance(context)
-        return LlmInstance(context)
+            return EmbeddingInstance(context, args)
+        return LlmInstance(context, args)
 
 
 def _cross_encoder(model_file: Path, name: str) -> bool:
@@ -179,10 +179,11 @@ def _text(value: Any) -> str:
 
 
 class LlmInstance(RequestInstance):
-    def __init__(self, context: LoadContext) -> None:
+    def __init__(self, context: LoadContext, args: EngineArgs) -> None:
+        """`args`: model.json as `load` read it, once (engine "auto" decides on what the
+        machine has at that moment: a second reading could decide otherwise)."""
         config = context.config
         self.name = config.name
-        args = read_engine_args(context.files.version_dir, config.name)
         started = time.monotonic()
         self.engine = make_engine(args, threads=args.num_threads or context.spec.cpu_threads)
         # The responses of one forward pass (a token for each running request) go to the event

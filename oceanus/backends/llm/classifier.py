@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from oceanus.backends.llm.args import EngineArgs
 from oceanus.backends.llm.encoder_io import Answer, deliver, json_input, text_outputs
 from oceanus.backends.llm.loading import load_encoder, read_json
 from oceanus.core.backend import LoadContext, RequestInstance, RequestJob, RequestsResult
@@ -57,10 +58,10 @@ def activation(config: Any) -> Any:
 
 
 class ClassifierInstance(RequestInstance):
-    def __init__(self, context: LoadContext) -> None:
+    def __init__(self, context: LoadContext, args: EngineArgs) -> None:
         config = context.config
         self.name = config.name
-        args, self.tokenizer, model = load_encoder(context, "AutoModelForSequenceClassification")
+        self.tokenizer, model = load_encoder(args, "AutoModelForSequenceClassification")
         self.model = model
         self.labels = int(model.config.num_labels)
         self.activation = activation(model.config)

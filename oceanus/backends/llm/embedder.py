@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from oceanus.backends.llm.args import EngineArgs
 from oceanus.backends.llm.encoder_io import Answer, deliver, json_input, text_outputs
 from oceanus.backends.llm.loading import load_encoder, read_json
 from oceanus.core.backend import LoadContext, RequestInstance, RequestJob, RequestsResult
@@ -77,10 +78,10 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
 
 
 class EmbeddingInstance(RequestInstance):
-    def __init__(self, context: LoadContext) -> None:
+    def __init__(self, context: LoadContext, args: EngineArgs) -> None:
         config = context.config
         self.name = config.name
-        args, self.tokenizer, model = load_encoder(context, "AutoModel")
+        self.tokenizer, model = load_encoder(args, "AutoModel")
         self.model = model
         self.max_len = int(args.max_model_len or model.config.max_position_embeddings)
         self.mode, self.normalize = pooling_of(Path(args.model))

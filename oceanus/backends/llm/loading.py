@@ -16,8 +16,7 @@ from typing import Any
 import torch
 
 from oceanus.backends.llm import attention, gguf_model, linear, quant
-from oceanus.backends.llm.args import EngineArgs, read_engine_args
-from oceanus.core.backend import LoadContext
+from oceanus.backends.llm.args import EngineArgs
 
 log = logging.getLogger("oceanus.backends.llm")
 
@@ -110,14 +109,13 @@ def read_json(path: Path) -> Any:
         return None
 
 
-def load_encoder(context: LoadContext, auto_class: str) -> tuple[EngineArgs, Any, Any]:
+def load_encoder(args: EngineArgs, auto_class: str) -> tuple[Any, Any]:
     """An encoder model of this backend (embedder.py's `AutoModel`, classifier.py's
-    `AutoModelForSequenceClassification`): its model.json args, its tokenizer, and the model in
-    eval mode, built under LOADING as the engine's is."""
+    `AutoModelForSequenceClassification`): its tokenizer, and the model in eval mode, built
+    under LOADING as the engine's is."""
     import transformers
 
-    args = read_engine_args(context.files.version_dir, context.config.name)
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.tokenizer)
     with LOADING:
         model = getattr(transformers, auto_class).from_pretrained(args.model)
-    return args, tokenizer, model.eval()
+    return tokenizer, model.eval()
