@@ -54,10 +54,12 @@ def kv_cache_gb(config: Any, tokens: int, precision: str) -> int:
 
 class _GrammarEnd:
     """A guided sequence's `guide` here: the pipeline's xgrammar masks the logits, and its
-    grammar is complete when it lets EOS through, which ends the reply even with ignore_eos."""
+    grammar is complete when it lets EOS through, which ends the reply even with ignore_eos.
+    It keeps the request's StructuredOutputConfig fields, made once in `_prepare`."""
 
-    def __init__(self, eos: int | None) -> None:
+    def __init__(self, eos: int | None, fields: dict[str, Any]) -> None:
         self.eos = eos
+        self.fields = fields
 
     def advance(self, token: int) -> bool:
         return token == self.eos
@@ -186,7 +188,7 @@ class OpenVinoEngine(Scheduler):
                 f"'logprobs' {params.logprobs} (it reports the chosen token's log probability only)"
             )
         if structured:
-            seq.guide = _GrammarEnd(self.eos)
+            seq.guide = _GrammarEnd(self.eos, structured)
 
     def _structured_output(self, params: Any) -> dict[str, Any] | None:
         """`guided_decoding` as GenAI's StructuredOutputConfig fields (openvino_grammar.py;
@@ -252,9 +254,8 @@ class OpenVinoEngine(Scheduler):
             "frequency_penalty": params.frequency_penalty,
             "eos": self.eos,
         }
-        structured = self._structured_output(params)
-        if structured:
-            fields["structured_output"] = structured
+        if isinstance(seq.guide, _GrammarEnd):
+            fields["structured_output"] = seq.guide.fields
         if not params.greedy:
             fields["do_sample"] = True
             fields["temperature"] = params.temperature
