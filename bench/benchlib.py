@@ -408,6 +408,32 @@ def child_pids(pid: int) -> list[int]:
     return found
 
 
+def descendant_pids(pid: int) -> list[int]:
+    """A process's children, their children and so on."""
+    found, todo = [], child_pids(pid)
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo += child_pids(child)
+    return found
+
+
+def status_kib(pid: int | str, field: str) -> int:
+    """A kB field of /proc/<pid>/status (VmRSS, VmHWM); 0 once the process is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def tree_kib(pid: int, field: str) -> int:
+    """`field` summed over a process and its descendants (a server and its workers)."""
+    return sum(status_kib(each, field) for each in [pid, *descendant_pids(pid)])
+
+
 def loadavg() -> list[float]:
     try:
         return [round(v, 2) for v in os.getloadavg()]

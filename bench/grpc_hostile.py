@@ -61,15 +61,7 @@ def legitimate(port: int, stop: threading.Event, out: dict[str, Any]) -> None:
 
 
 def rss_mb(pid: int) -> float:
-    total = 0
-    for each in [pid, *benchlib.child_pids(pid)]:
-        try:
-            for line in Path(f"/proc/{each}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return total / 1024
+    return benchlib.tree_kib(pid, "VmRSS") / 1024
 
 
 def run_class(name: str, server: Any, seconds: float) -> dict[str, Any]:

@@ -21,13 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import benchlib
+
 
 def rss_mib() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+    return benchlib.status_kib("self", "VmRSS") / 1024
 
 
 def decode_rate(engine: Any, streams: int, tokens: int) -> float:

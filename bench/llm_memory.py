@@ -15,37 +15,20 @@ run's time. Uses only the engine's public face, so that it runs against an older
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
+import os
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-
-def status_kib(field: str, pid: str = "self") -> int:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:  # the child is gone
-        pass
-    return 0
-
-
-def children() -> list[str]:
-    found: list[str] = []
-    for task in Path("/proc/self/task").iterdir():
-        with contextlib.suppress(OSError):
-            found += (task / "children").read_text().split()
-    return found
+import benchlib
 
 
 def tree_kib(field: str) -> int:
-    """`field` of this process plus its children's (the openvino engine's worker)."""
-    return status_kib(field) + sum(status_kib(field, pid) for pid in children())
+    """`field` of this process plus its descendants' (the openvino engine's worker)."""
+    return benchlib.tree_kib(os.getpid(), field)
 
 
 def main() -> None:

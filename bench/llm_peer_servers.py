@@ -187,26 +187,9 @@ class PeakRss:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def _tree(self) -> list[int]:
-        found, todo = [], [self.pid]
-        while todo:
-            pid = todo.pop()
-            found.append(pid)
-            todo += benchlib.child_pids(pid)
-        return found
-
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            total = 0
-            for pid in self._tree():
-                with (
-                    contextlib.suppress(OSError, ValueError, IndexError),
-                    open(f"/proc/{pid}/status") as status,
-                ):
-                    for line in status:
-                        if line.startswith("VmRSS:"):
-                            total += int(line.split()[1])
-            self.peak_mib = max(self.peak_mib, total / 1024)
+            self.peak_mib = max(self.peak_mib, benchlib.tree_kib(self.pid, "VmRSS") / 1024)
 
     def stop(self) -> float:
         self._stop.set()

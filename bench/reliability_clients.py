@@ -35,10 +35,8 @@ def footprint(core: int) -> tuple[float, int]:
     """(RSS in MiB, open file descriptors) summed over the server's processes."""
     rss, fds = 0, 0
     for pid in server_pids(core):
+        rss += benchlib.status_kib(pid, "VmRSS")
         with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    rss += int(line.split()[1])
             fds += len(os.listdir(f"/proc/{pid}/fd"))
     return rss / 1024, fds
 
