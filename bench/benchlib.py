@@ -462,12 +462,19 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
+def write_results(prefix: str, document: Any, indent: int | None = 2) -> Path:
+    """bench/results/<prefix>-<timestamp>.json (git-ignored: the dated .md logs are the
+    record); says where."""
+    RESULTS_DIR.mkdir(exist_ok=True)
+    out = RESULTS_DIR / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(document, indent=indent, default=str) + "\n")
+    print(f"wrote {out.relative_to(RESULTS_DIR.parent.parent)}")
+    return out
+
+
 def write_side_by_side(prefix: str, args: Any, load_before: list[float], **results: Any) -> Path:
     """bench/results/<prefix>-<timestamp>.json for a side-by-side script: its settings
     (concurrency, window, repeats), the load averages around the run, and `results`."""
-    out_dir = Path(__file__).parent / "results"
-    out_dir.mkdir(exist_ok=True)
-    out = out_dir / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     document = {
         "concurrency": args.concurrency,
         "window_ms": args.window_ms,
@@ -476,6 +483,4 @@ def write_side_by_side(prefix: str, args: Any, load_before: list[float], **resul
         "loadavg_after": loadavg(),
         **results,
     }
-    out.write_text(json.dumps(document, indent=2))
-    print(f"wrote {out}")
-    return out
+    return write_results(prefix, document)

@@ -92,36 +92,28 @@ def main() -> None:
     hwm = tree_kib("VmHWM")
     engine.close()
     mib = 1024
-    report = json.dumps(
-        {
-            "size": args.size,
-            "model_json": {k: v for k, v in keys.items() if k != "model"},
-            "engine": f"{engine_args.engine} ({engine_args.engine_source})",
-            "dtype": engine_args.dtype,
-            "concurrency": args.concurrency,
-            "prompt_tokens": args.prompt_tokens,
-            "output_tokens": args.output_tokens,
-            "output_tokens_made": tokens[0],
-            "rss_before_load_mib": round(rss_before / mib),
-            "rss_after_load_mib": round(rss_load / mib),
-            "rss_peak_serving_mib": round(peak[0] / mib),
-            "vmhwm_mib": round(hwm / mib),  # summed per process: an upper bound
-            "rss_after_serving_mib": round(rss_after / mib),
-            "kv_pool_peak_mib": round(peak[1] / 2**20) if peak[1] else None,
-            "weights_mib": round(getattr(engine, "weights_bytes", 0) / 2**20) or None,
-            "memory": getattr(engine, "describe_memory", lambda: None)(),
-            "load_s": round(load_s, 1),
-            "serve_s": round(serve_s, 1),
-        }
-    )
-    print(report)
-    out = (
-        Path(__file__).resolve().parent
-        / "results"
-        / f"llm-memory-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    )
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(report + "\n")
+    report = {
+        "size": args.size,
+        "model_json": {k: v for k, v in keys.items() if k != "model"},
+        "engine": f"{engine_args.engine} ({engine_args.engine_source})",
+        "dtype": engine_args.dtype,
+        "concurrency": args.concurrency,
+        "prompt_tokens": args.prompt_tokens,
+        "output_tokens": args.output_tokens,
+        "output_tokens_made": tokens[0],
+        "rss_before_load_mib": round(rss_before / mib),
+        "rss_after_load_mib": round(rss_load / mib),
+        "rss_peak_serving_mib": round(peak[0] / mib),
+        "vmhwm_mib": round(hwm / mib),  # summed per process: an upper bound
+        "rss_after_serving_mib": round(rss_after / mib),
+        "kv_pool_peak_mib": round(peak[1] / 2**20) if peak[1] else None,
+        "weights_mib": round(getattr(engine, "weights_bytes", 0) / 2**20) or None,
+        "memory": getattr(engine, "describe_memory", lambda: None)(),
+        "load_s": round(load_s, 1),
+        "serve_s": round(serve_s, 1),
+    }
+    print(json.dumps(report))
+    benchlib.write_results("llm-memory", report, indent=None)
 
 
 if __name__ == "__main__":

@@ -16,11 +16,9 @@ Prints a table and writes bench/results/llm_ov_token-<timestamp>.json."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import threading
-import time
 from typing import Any
 
 import benchlib
@@ -144,7 +142,6 @@ def main() -> None:
             f"{r['cpu_over_cpu_limit']:11.2f}x"
         )
     print(f"load average before {load_before}, after {benchlib.loadavg()}")
-    out = benchlib.RESULTS_DIR / f"llm_ov_token-{time.strftime('%Y%m%d-%H%M%S')}.json"
     document = {
         "size": args.size,
         "tokens": args.tokens,
@@ -155,8 +152,7 @@ def main() -> None:
         "loadavg_after": benchlib.loadavg(),
         "results": results,
     }
-    out.write_text(json.dumps(document, indent=2))
-    print(f"wrote {out}")
+    benchlib.write_results("llm_ov_token", document)
 
 
 if __name__ == "__main__":

@@ -303,7 +303,6 @@ def main() -> None:
                 flush=True,
             )
     summary = report(results, args.concurrency)
-    out = Path(__file__).parent / "results" / f"llm-peers-{time.strftime('%Y%m%d-%H%M%S')}.json"
     document = {
         "argv": sys.argv[1:],
         "loadavg_before": load_before,
@@ -313,8 +312,7 @@ def main() -> None:
         "summary": summary,
         "runs": results,
     }
-    out.write_text(json.dumps(document, indent=2))
-    print(f"wrote {out}")
+    benchlib.write_results("llm-peers", document)
     if args.clean:
         shutil.rmtree(work, ignore_errors=True)
 

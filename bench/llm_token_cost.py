@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-import json
 import statistics
 import sys
 import tempfile
@@ -394,7 +393,6 @@ def main() -> None:
     for result in results:
         print(report(result))
     print(f"load average before {load_before}, after {benchlib.loadavg()}")
-    out = benchlib.RESULTS_DIR / f"llm_token_cost-{time.strftime('%Y%m%d-%H%M%S')}.json"
     document = {
         "size": args.size,
         "tokens": args.tokens,
@@ -405,8 +403,7 @@ def main() -> None:
         "loadavg_after": benchlib.loadavg(),
         "results": results,
     }
-    out.write_text(json.dumps(document, indent=2))
-    print(f"wrote {out}")
+    benchlib.write_results("llm_token_cost", document)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -386,10 +385,8 @@ def main() -> None:
         )
         rows = run(vllm_url, oceanus_url, only, args.cross_encoder)
     report(rows)
-    out = ROOT / "bench" / "results" / f"vllm_diff-{time.strftime('%Y%m%d-%H%M%S')}.json"
     model = "cross-encoder" if args.cross_encoder else args.size
-    out.write_text(json.dumps({"model": model, "rows": rows}, indent=1, default=str))
-    print(f"wrote {out.relative_to(ROOT)}")
+    benchlib.write_results("vllm_diff", {"model": model, "rows": rows}, indent=1)
 
 
 if __name__ == "__main__":
