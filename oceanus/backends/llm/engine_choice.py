@@ -47,7 +47,7 @@ def _quantized_gguf(model: Path) -> bool:
     return gguf_model.is_gguf(model) and gguf_model.kept_quantization(model) is not None
 
 
-def _installed(module: str) -> bool:
+def installed(module: str) -> bool:
     """Whether `module` imports, without importing it (OpenVINO costs the server ~0.5 s)."""
     if module in sys.modules:
         return sys.modules[module] is not None
@@ -71,10 +71,10 @@ def choose_engine(
     causal = any(str(a).endswith("ForCausalLM") for a in names)
     if kind not in OPENVINO_ARCHITECTURES or not (causal or gguf_model.is_gguf(model)):
         return "transformers", f"auto: the openvino engine does not trace model_type {kind!r}"
-    if not _installed("openvino_genai"):
+    if not installed("openvino_genai"):
         return "transformers", f"auto: openvino-genai is not installed ({GENAI_EXTRA})"
     # Quantized weights (model.json's `quantization`, a quantized GGUF's) need NNCF there.
-    if (quantized or _quantized_gguf(model)) and not _installed("nncf"):
+    if (quantized or _quantized_gguf(model)) and not installed("nncf"):
         return "transformers", f"auto: NNCF is not installed ({NNCF_EXTRA})"
     short = _trace_short_of_memory(model, config)
     if short:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import json
 import logging
 import math
@@ -30,7 +29,7 @@ from typing import Any
 
 from oceanus.backends.llm import gguf_model
 from oceanus.backends.llm.args import EngineArgs
-from oceanus.backends.llm.engine_choice import GENAI_EXTRA, NNCF_EXTRA
+from oceanus.backends.llm.engine_choice import GENAI_EXTRA, NNCF_EXTRA, installed
 from oceanus.backends.llm.guide import choice_regex, guided_kind, tagged_json, without_key
 from oceanus.backends.llm.openvino_worker import KINDS, Add, Drop, Ready, Start, Stop, Tokens
 from oceanus.backends.llm.scheduler import Scheduler, Sequence
@@ -88,7 +87,7 @@ class OpenVinoEngine(Scheduler):
         else:
             tokenizer = AutoTokenizer.from_pretrained(args.tokenizer, trust_remote_code=remote)
             config = AutoConfig.from_pretrained(args.model, trust_remote_code=remote)
-        if args.quantization and importlib.util.find_spec("nncf") is None:
+        if args.quantization and not installed("nncf"):
             raise unavailable(
                 f"'quantization' {args.quantization!r} on engine 'openvino' compresses the "
                 f"weights with NNCF: {NNCF_EXTRA}"
