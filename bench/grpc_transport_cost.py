@@ -29,7 +29,7 @@ import hpack
 sys.path.insert(0, str(Path(__file__).parent))
 import benchlib
 
-from oceanus.frontends.grpc_transport import framing
+from oceanus.frontends.grpc_transport import framing, wire
 from oceanus.frontends.grpc_transport.call import OK_TRAILERS, RESPONSE_HEADERS
 from oceanus.frontends.grpc_transport.events import Events
 from oceanus.frontends.grpc_transport.headers import HeaderCodec
@@ -105,20 +105,20 @@ def ours_us_per_call(calls: int, kind: type[framing.Http2] = framing.Http2) -> f
     server.conn.initiate()
     server.conn.data_to_send()
     # The client opens its windows wide once, so it never has to answer the server's DATA.
-    settings = struct.pack(">HL", framing.INITIAL_WINDOW_SIZE, framing.MAX_WINDOW)
-    opening = _frame(framing.SETTINGS, 0, 0, settings) + _frame(
-        framing.WINDOW_UPDATE, 0, 0, (framing.MAX_WINDOW - 65535).to_bytes(4, "big")
+    settings = struct.pack(">HL", wire.INITIAL_WINDOW_SIZE, wire.MAX_WINDOW)
+    opening = _frame(wire.SETTINGS, 0, 0, settings) + _frame(
+        wire.WINDOW_UPDATE, 0, 0, (wire.MAX_WINDOW - 65535).to_bytes(4, "big")
     )
-    server.conn.receive(framing.PREFACE + opening)
+    server.conn.receive(wire.PREFACE + opening)
     server.conn.data_to_send()
     encoder = hpack.Encoder()
     spent = 0.0
     for call in range(calls):
         stream = 2 * call + 1
-        wire = _frame(framing.HEADERS, framing.END_HEADERS, stream, encoder.encode(REQUEST_HEADERS))
-        wire += _frame(framing.DATA, framing.END_STREAM, stream, MESSAGE)
+        sent = _frame(wire.HEADERS, wire.END_HEADERS, stream, encoder.encode(REQUEST_HEADERS))
+        sent += _frame(wire.DATA, wire.END_STREAM, stream, MESSAGE)
         start = time.perf_counter()
-        server.conn.receive(wire)
+        server.conn.receive(sent)
         answer = server.conn.data_to_send()
         spent += time.perf_counter() - start
         assert answer
@@ -151,9 +151,9 @@ def h2_us_per_call(calls: int) -> float:
         stream = client.get_next_available_stream_id()
         client.send_headers(stream, REQUEST_HEADERS)
         client.send_data(stream, MESSAGE, end_stream=True)
-        wire = client.data_to_send()
+        sent = client.data_to_send()
         start = time.perf_counter()
-        for event in server.receive_data(wire):
+        for event in server.receive_data(sent):
             if type(event) is h2.events.DataReceived:
                 server.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
             elif type(event) is h2.events.StreamEnded:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, cast
 
 import grpc
 
-from oceanus.frontends.grpc_transport import framing
+from oceanus.frontends.grpc_transport import framing, wire
 from oceanus.frontends.grpc_transport.call import (
     BAD_TIMEOUT,
     OK_TRAILERS,
@@ -154,7 +154,7 @@ class Connection(asyncio.Protocol):
                 encoding = value
         handler = self._handlers.get(path)
         if self._going_away:
-            self._h2.reset(stream_id, framing.REFUSED_STREAM)
+            self._h2.reset(stream_id, wire.REFUSED_STREAM)
             return
         timeout = None
         if timeout_value is not None:
@@ -446,7 +446,7 @@ class Connection(asyncio.Protocol):
         if self._transport is None or self._going_away:
             return
         self._going_away = True
-        self._h2.goaway(framing.NO_ERROR)
+        self._h2.goaway(wire.NO_ERROR)
         self._flush()
         if not self._calls:
             self._drained.set()

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from oceanus.frontends.grpc_transport import framing
+from oceanus.frontends.grpc_transport import framing, wire
 
 if TYPE_CHECKING:
     from oceanus.frontends.grpc_transport.server import Limits
@@ -97,6 +97,6 @@ class Pings:
             return
         self._strikes += 1
         if self._strikes > limits.max_ping_strikes > 0:
-            self._h2.goaway(framing.ENHANCE_YOUR_CALM, b"too_many_pings")
+            self._h2.goaway(wire.ENHANCE_YOUR_CALM, b"too_many_pings")
             self._flush()
             self._close()

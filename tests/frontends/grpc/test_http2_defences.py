@@ -9,7 +9,7 @@ from typing import Any
 import hpack
 import pytest
 
-from oceanus.frontends.grpc_transport import defences, framing
+from oceanus.frontends.grpc_transport import defences, wire
 from oceanus.frontends.grpc_transport.framing import Http2
 from tests.frontends.grpc.http2_frames import (
     MESSAGE,
@@ -81,7 +81,7 @@ def test_malformed_requests_are_refused_in_grpc_words_then_reset(
     answer = dict(hpack.Decoder().decode(block, raw=True))
     assert answer[b"grpc-status"] == b"13"
     assert answer[b"grpc-message"].decode() == words
-    assert reset == (3, 0, 1, framing.PROTOCOL_ERROR.to_bytes(4, "big"))
+    assert reset == (3, 0, 1, wire.PROTOCOL_ERROR.to_bytes(4, "big"))
 
 
 def test_a_refused_streams_data_is_ignored_and_the_next_call_served() -> None:
@@ -107,7 +107,7 @@ def test_trailers_with_a_pseudo_header_reset_the_stream() -> None:
 
 
 def _calm(conn: Http2, data: bytes) -> None:
-    assert error_of(conn, data) == framing.ENHANCE_YOUR_CALM
+    assert error_of(conn, data) == wire.ENHANCE_YOUR_CALM
 
 
 CONTROL_FLOODS = {
@@ -147,12 +147,12 @@ def test_empty_data_frames_are_counted_and_a_slow_trickle_is_not() -> None:
 def test_rapid_reset_is_counted_against_the_connection() -> None:
     conn, _ = opened()
     encoder = hpack.Encoder()
-    wire = b"".join(
+    frames = b"".join(
         raw_frame(1, 0x4, 2 * n + 1, encoder.encode(REQUEST))
         + raw_frame(3, 0, 2 * n + 1, b"\0\0\0\x08")
         for n in range(defences.RESETS_PER_WINDOW)
     )
-    conn.receive(wire, budget=10**6)
+    conn.receive(frames, budget=10**6)
     n = defences.RESETS_PER_WINDOW
     _calm(
         conn,
@@ -183,8 +183,8 @@ def test_max_concurrent_streams_is_announced_and_enforced() -> None:
 def test_frames_past_a_turns_budget_wait_for_the_next_turn() -> None:
     conn, recorder = opened()
     encoder = hpack.Encoder()
-    wire = b"".join(one_call(encoder, 2 * n + 1) for n in range(10))  # 20 frames
-    conn.receive(wire, budget=5)
+    frames = b"".join(one_call(encoder, 2 * n + 1) for n in range(10))  # 20 frames
+    conn.receive(frames, budget=5)
     assert conn.pending
     assert 0 < len(recorder.events) < 30
     while conn.pending:
@@ -197,9 +197,9 @@ def test_a_large_header_block_uses_more_of_a_turn() -> None:
     conn, recorder = opened()
     encoder = hpack.Encoder()
     big = encoder.encode([*REQUEST, (b"x-big", b"v" * (18 << 10))])
-    assert 16000 < len(big) <= framing.MAX_FRAME
-    wire = raw_frame(1, 0x5, 1, big) + one_call(encoder, 3)
-    conn.receive(wire, budget=defences.FRAMES_PER_TURN)
+    assert 16000 < len(big) <= wire.MAX_FRAME
+    frames = raw_frame(1, 0x5, 1, big) + one_call(encoder, 3)
+    conn.receive(frames, budget=defences.FRAMES_PER_TURN)
     assert [e[:2] for e in recorder.events] == [("request", 1), ("end", 1)]
     assert conn.pending
     conn.receive(b"")

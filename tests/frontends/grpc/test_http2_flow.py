@@ -12,11 +12,11 @@ import h2.connection
 import h2.events
 import hpack
 
-from oceanus.frontends.grpc_transport import framing
+from oceanus.frontends.grpc_transport import wire
 from oceanus.frontends.grpc_transport.server import H2Server, Limits
 from tests.frontends.grpc.http2_frames import REQUEST, frames_of, opened, raw_frame
 
-WINDOW = framing.WINDOW
+WINDOW = wire.WINDOW
 
 
 def test_padding_and_data_nobody_holds_are_given_back_at_once() -> None:
@@ -31,10 +31,10 @@ def test_padding_and_data_nobody_holds_are_given_back_at_once() -> None:
     half = (WINDOW // 2).to_bytes(4, "big")
     assert frames_of(conn.data_to_send()) == [(8, 0, 0, half), (8, 0, 1, half)]
     # DATA on a stream we reset: given back to the connection, not to the stream
-    conn.reset(1, framing.CANCEL)
+    conn.reset(1, wire.CANCEL)
     conn.data_to_send()
-    for _ in range(WINDOW // 2 // framing.MAX_FRAME):
-        conn.receive(raw_frame(0, 0, 1, bytes(framing.MAX_FRAME)))
+    for _ in range(WINDOW // 2 // wire.MAX_FRAME):
+        conn.receive(raw_frame(0, 0, 1, bytes(wire.MAX_FRAME)))
     sent = frames_of(conn.data_to_send())
     assert [(kind, stream) for kind, _, stream, _ in sent] == [(8, 0)]
 
@@ -42,9 +42,9 @@ def test_padding_and_data_nobody_holds_are_given_back_at_once() -> None:
 def test_a_stream_ended_by_the_client_gets_back_only_the_connections_window() -> None:
     conn, _ = opened()
     conn.receive(raw_frame(1, 0x4, 1, hpack.Encoder().encode(REQUEST)))
-    for _ in range(WINDOW // framing.MAX_FRAME - 1):
-        conn.receive(raw_frame(0, 0, 1, bytes(framing.MAX_FRAME)))
-    conn.receive(raw_frame(0, 0x1, 1, bytes(framing.MAX_FRAME)))
+    for _ in range(WINDOW // wire.MAX_FRAME - 1):
+        conn.receive(raw_frame(0, 0, 1, bytes(wire.MAX_FRAME)))
+    conn.receive(raw_frame(0, 0x1, 1, bytes(wire.MAX_FRAME)))
     assert conn.data_to_send() == b""
     conn.consumed(1, WINDOW)
     sent = frames_of(conn.data_to_send())

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from oceanus.frontends.grpc_transport import framing
+from oceanus.frontends.grpc_transport import wire
 from oceanus.frontends.grpc_transport.defences import MAX_HEADER_BLOCK
 from oceanus.frontends.grpc_transport.framing import ConnectionError_, Http2
 from tests.frontends.grpc.http2_frames import (
@@ -33,23 +33,23 @@ from tests.frontends.grpc.http2_frames import (
 
 def test_a_call_cut_at_every_byte_gives_the_same_events() -> None:
     encoder = hpack.Encoder()
-    wire = PREFACE + settings(initial_window_size=1 << 20) + one_call(encoder)
-    wire += one_call(encoder, 3)  # the second call's headers come from the dynamic table
+    sent = PREFACE + settings(initial_window_size=1 << 20) + one_call(encoder)
+    sent += one_call(encoder, 3)  # the second call's headers come from the dynamic table
     whole, recorded = server()
-    whole.receive(wire)
+    whole.receive(sent)
     expected = recorded.events
     kinds = ["window", "request", "data", "end", "request", "data", "end"]
     assert [event[0] for event in expected] == kinds
     assert expected[1][2] == REQUEST and expected[4][2] == REQUEST
     assert expected[2][2] == MESSAGE
-    for cut in range(1, len(wire)):
+    for cut in range(1, len(sent)):
         conn, recorder = server()
-        conn.receive(wire[:cut])
-        conn.receive(wire[cut:])
+        conn.receive(sent[:cut])
+        conn.receive(sent[cut:])
         assert recorder.events == expected, cut
     conn, recorder = server()
-    for byte in range(len(wire)):
-        conn.receive(wire[byte : byte + 1])
+    for byte in range(len(sent)):
+        conn.receive(sent[byte : byte + 1])
     assert recorder.events == expected
 
 
@@ -63,7 +63,7 @@ def test_the_server_answers_settings_and_pings_and_ignores_priority_and_unknown_
     conn.receive(raw_frame(2, 0, 5, bytes(5)) + raw_frame(0xEE, 0xFF, 7, b"whatever"))
     assert conn.data_to_send() == b""
     assert recorder.events == [("ping",)]  # no window grew: no call is woken
-    assert error_of(conn, raw_frame(6, 0, 0, b"1234")) == framing.FRAME_SIZE_ERROR
+    assert error_of(conn, raw_frame(6, 0, 0, b"1234")) == wire.FRAME_SIZE_ERROR
 
 
 def test_continuation_carries_a_header_block() -> None:
@@ -81,9 +81,9 @@ def test_a_header_block_interrupted_or_continued_out_of_place_is_a_protocol_erro
     block = hpack.Encoder().encode(REQUEST)
     conn, _ = opened()
     interrupted = raw_frame(1, 0, 1, block[:5]) + raw_frame(6, 0, 0, bytes(8))
-    assert error_of(conn, interrupted) == framing.PROTOCOL_ERROR
+    assert error_of(conn, interrupted) == wire.PROTOCOL_ERROR
     conn, _ = opened()
-    assert error_of(conn, raw_frame(9, 0x4, 1, block)) == framing.PROTOCOL_ERROR
+    assert error_of(conn, raw_frame(9, 0x4, 1, block)) == wire.PROTOCOL_ERROR
 
 
 def test_padding_and_priority_are_taken_off_headers_and_data() -> None:
@@ -97,38 +97,36 @@ def test_padding_and_priority_are_taken_off_headers_and_data() -> None:
     assert recorder.events == [("request", 1, REQUEST), ("data", 1, MESSAGE), ("end", 1)]
     conn, _ = opened()
     too_much = raw_frame(1, 0x4 | 0x8, 1, bytes((len(block) + 1,)) + block)
-    assert error_of(conn, too_much) == framing.PROTOCOL_ERROR
+    assert error_of(conn, too_much) == wire.PROTOCOL_ERROR
 
 
 def test_a_frame_past_our_max_frame_size_is_refused_from_its_header() -> None:
     conn, _ = opened()
     head = raw_frame(0, 0, 1)[3:]
-    assert error_of(conn, (framing.MAX_FRAME + 1).to_bytes(3, "big") + head) == (
-        framing.FRAME_SIZE_ERROR
-    )
+    assert error_of(conn, (wire.MAX_FRAME + 1).to_bytes(3, "big") + head) == (wire.FRAME_SIZE_ERROR)
 
 
 @pytest.mark.parametrize(
-    "wire", [b"GET / HTTP/1.1\r\n", b"PRI * HTTP/1.1", PREFACE + raw_frame(6, 0, 0, bytes(8))]
+    "sent", [b"GET / HTTP/1.1\r\n", b"PRI * HTTP/1.1", PREFACE + raw_frame(6, 0, 0, bytes(8))]
 )
-def test_a_bad_preface_is_a_protocol_error(wire: bytes) -> None:
+def test_a_bad_preface_is_a_protocol_error(sent: bytes) -> None:
     conn, _ = server()
-    assert error_of(conn, wire) == framing.PROTOCOL_ERROR
+    assert error_of(conn, sent) == wire.PROTOCOL_ERROR
 
 
 def test_windows_past_2_31_are_flow_control_errors() -> None:
     conn, _ = opened()
-    assert error_of(conn, window_update(0, 2**31 - 1)) == framing.FLOW_CONTROL_ERROR
+    assert error_of(conn, window_update(0, 2**31 - 1)) == wire.FLOW_CONTROL_ERROR
     conn, _ = opened()
     too_big = raw_frame(4, 0, 0, struct.pack(">HL", 4, 2**31))
-    assert error_of(conn, too_big) == framing.FLOW_CONTROL_ERROR
+    assert error_of(conn, too_big) == wire.FLOW_CONTROL_ERROR
     # on a stream: a stream error, the call gone, the connection kept
     conn, recorder = opened()
     conn.receive(raw_frame(1, 0x4, 1, hpack.Encoder().encode(REQUEST)))
     conn.receive(window_update(1, 2**31 - 1))
     assert frames_of(conn.data_to_send()) == [(3, 0, 1, (3).to_bytes(4, "big"))]
     assert recorder.events[-1] == ("reset", 1)
-    assert error_of(conn, window_update(0, 0)) == framing.PROTOCOL_ERROR
+    assert error_of(conn, window_update(0, 0)) == wire.PROTOCOL_ERROR
 
 
 def test_window_updates_both_ways() -> None:
@@ -143,15 +141,15 @@ def test_window_updates_both_ways() -> None:
     conn.data_to_send()
     # receiving: nothing given back as DATA arrives, a WINDOW_UPDATE for the connection and
     # the stream once the application has consumed half a window
-    chunk = raw_frame(0, 0, 1, bytes(framing.MAX_FRAME))
-    for _ in range(framing.WINDOW // framing.MAX_FRAME):
+    chunk = raw_frame(0, 0, 1, bytes(wire.MAX_FRAME))
+    for _ in range(wire.WINDOW // wire.MAX_FRAME):
         conn.receive(chunk)
     assert conn.data_to_send() == b""
-    conn.consumed(1, framing.WINDOW // 2 - 1)
+    conn.consumed(1, wire.WINDOW // 2 - 1)
     assert conn.data_to_send() == b""
     conn.consumed(1, 1)
     sent = frames_of(conn.data_to_send())
-    half = (framing.WINDOW // 2).to_bytes(4, "big")
+    half = (wire.WINDOW // 2).to_bytes(4, "big")
     assert sent == [(8, 0, 0, half), (8, 0, 1, half)]
 
 
@@ -159,19 +157,19 @@ def test_data_past_the_window_is_a_flow_control_error() -> None:
     conn, _ = opened()
     conn.receive(raw_frame(1, 0x4, 1, hpack.Encoder().encode(REQUEST)))
     conn.receive(raw_frame(1, 0x4, 3, hpack.Encoder().encode(REQUEST)))
-    conn._inflow.received = framing.WINDOW - 10  # as if the client had ignored our windows
-    assert error_of(conn, raw_frame(0, 0, 3, bytes(11))) == framing.FLOW_CONTROL_ERROR
+    conn._inflow.received = wire.WINDOW - 10  # as if the client had ignored our windows
+    assert error_of(conn, raw_frame(0, 0, 3, bytes(11))) == wire.FLOW_CONTROL_ERROR
 
 
 def test_a_header_block_over_the_limit_is_refused() -> None:
     big = hpack.Encoder().encode([*REQUEST, (b"x-huge", b"v" * (70 << 10))], huffman=False)
     conn, _ = opened()  # in one frame: past our SETTINGS_MAX_FRAME_SIZE first
-    assert error_of(conn, raw_frame(1, 0x4, 1, big)) == framing.FRAME_SIZE_ERROR
+    assert error_of(conn, raw_frame(1, 0x4, 1, big)) == wire.FRAME_SIZE_ERROR
     conn, _ = opened()
     pieces = raw_frame(1, 0, 1, big[:1000]) + b"".join(
         raw_frame(9, 0, 1, big[i : i + 16384]) for i in range(1000, len(big), 16384)
     )
-    assert error_of(conn, pieces) == framing.ENHANCE_YOUR_CALM
+    assert error_of(conn, pieces) == wire.ENHANCE_YOUR_CALM
     # small on the wire, a header list past 64 KiB once decoded (the hpack decoder's limit)
     conn, _ = opened()
     listed = hpack.Encoder().encode([*REQUEST, (b"x-big", b"v" * (64 << 10))], huffman=True)
@@ -180,26 +178,26 @@ def test_a_header_block_over_the_limit_is_refused() -> None:
     cut = raw_frame(1, 0, 1, listed[:16384]) + b"".join(
         raw_frame(9, 0x4 if end >= len(listed) else 0, 1, listed[end : end + 16384]) for end in ends
     )
-    assert error_of(conn, cut) == framing.ENHANCE_YOUR_CALM
+    assert error_of(conn, cut) == wire.ENHANCE_YOUR_CALM
     # a CONTINUATION flood: empty frames that never end the block
     conn, _ = opened()
     flood = raw_frame(1, 0, 1, b"") + raw_frame(9, 0, 1, b"") * 100
-    assert error_of(conn, flood) == framing.ENHANCE_YOUR_CALM
+    assert error_of(conn, flood) == wire.ENHANCE_YOUR_CALM
 
 
 def test_stream_ids_must_be_odd_and_increasing() -> None:
     encoder = hpack.Encoder()
     conn, _ = opened()
     conn.receive(one_call(encoder, 3))
-    assert error_of(conn, one_call(encoder, 1)) == framing.PROTOCOL_ERROR
+    assert error_of(conn, one_call(encoder, 1)) == wire.PROTOCOL_ERROR
     conn, _ = opened()
-    assert error_of(conn, one_call(hpack.Encoder(), 2)) == framing.PROTOCOL_ERROR
+    assert error_of(conn, one_call(hpack.Encoder(), 2)) == wire.PROTOCOL_ERROR
 
 
 def test_data_on_idle_closed_and_reset_streams() -> None:
     encoder = hpack.Encoder()
     conn, recorder = opened()
-    assert error_of(conn, raw_frame(0, 0, 1, MESSAGE)) == framing.PROTOCOL_ERROR  # idle
+    assert error_of(conn, raw_frame(0, 0, 1, MESSAGE)) == wire.PROTOCOL_ERROR  # idle
     conn, recorder = opened()
     conn.receive(one_call(encoder, 1))  # the client has ended stream 1
     conn.receive(raw_frame(0, 0, 1, MESSAGE))
@@ -252,7 +250,7 @@ def test_a_repeated_block_is_decoded_against_the_table_as_it_is_now() -> None:
 
 def test_a_broken_hpack_block_is_a_compression_error() -> None:
     conn, _ = opened()
-    assert error_of(conn, raw_frame(1, 0x5, 1, b"\xff\xff\xff")) == framing.COMPRESSION_ERROR
+    assert error_of(conn, raw_frame(1, 0x5, 1, b"\xff\xff\xff")) == wire.COMPRESSION_ERROR
 
 
 def test_rst_stream_from_the_client_ends_the_call_and_goaway_is_seen() -> None:
@@ -262,7 +260,7 @@ def test_rst_stream_from_the_client_ends_the_call_and_goaway_is_seen() -> None:
     assert recorder.events[-1] == ("reset", 1) and conn.window(1) == 0
     conn.receive(raw_frame(7, 0, 0, bytes(8)))
     assert recorder.events[-1] == ("goaway",)
-    assert error_of(conn, raw_frame(3, 0, 9, bytes(4))) == framing.PROTOCOL_ERROR  # idle
+    assert error_of(conn, raw_frame(3, 0, 9, bytes(4))) == wire.PROTOCOL_ERROR  # idle
 
 
 _STREAMS = st.sampled_from([0, 1, 3, 5, 2, 0x7FFFFFFF])
@@ -303,21 +301,21 @@ def test_any_frames_end_in_events_or_a_connection_error(
     conn = Http2(events)
     conn.initiate()
     encoder = hpack.Encoder()
-    wire = PREFACE + settings()
+    sent = PREFACE + settings()
     for kind, flags, stream_id, payload in frames:
         if kind == 1 and payload == b"\x00":
             payload = encoder.encode(REQUEST)
-        wire += raw_frame(kind, flags, stream_id, payload)
+        sent += raw_frame(kind, flags, stream_id, payload)
     try:
-        for start in range(0, len(wire), cut):
-            conn.receive(wire[start : start + cut])
+        for start in range(0, len(sent), cut):
+            conn.receive(sent[start : start + cut])
     except ConnectionError_ as exc:
         assert exc.code in {
-            framing.PROTOCOL_ERROR,
-            framing.FLOW_CONTROL_ERROR,
-            framing.FRAME_SIZE_ERROR,
-            framing.COMPRESSION_ERROR,
-            framing.ENHANCE_YOUR_CALM,
+            wire.PROTOCOL_ERROR,
+            wire.FLOW_CONTROL_ERROR,
+            wire.FRAME_SIZE_ERROR,
+            wire.COMPRESSION_ERROR,
+            wire.ENHANCE_YOUR_CALM,
         }
     conn.data_to_send()
 
@@ -338,18 +336,18 @@ def test_any_frames_cost_time_in_proportion_to_their_bytes(
         raw_frame(kind, flags, stream_id, block if kind == 1 and payload == b"\x00" else payload)
         for kind, flags, stream_id, payload in frames
     )
-    wire = PREFACE + settings() + chunk * max(1, (256 << 10) // max(1, len(chunk)))
+    sent = PREFACE + settings() + chunk * max(1, (256 << 10) // max(1, len(chunk)))
     started = time.perf_counter()
     try:
-        for start in range(0, len(wire), 65536):
-            conn.receive(wire[start : start + 65536])
+        for start in range(0, len(sent), 65536):
+            conn.receive(sent[start : start + 65536])
             while conn.pending:
                 conn.receive(b"")
             conn.data_to_send()
     except ConnectionError_:
         pass
     elapsed = time.perf_counter() - started
-    assert elapsed < 0.5 + 20e-6 * len(wire), f"{elapsed:.2f} s for {len(wire)} bytes"
+    assert elapsed < 0.5 + 20e-6 * len(sent), f"{elapsed:.2f} s for {len(sent)} bytes"
 
 
 # ---- malformed requests (RFC 9113 8.1.1, h2spec 8.1.2.x; issue 42) -------------------------

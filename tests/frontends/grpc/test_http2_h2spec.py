@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hpack
 
-from oceanus.frontends.grpc_transport import framing
+from oceanus.frontends.grpc_transport import framing, wire
 from tests.frontends.grpc.http2_frames import (
     MESSAGE,
     REQUEST,
@@ -17,7 +17,7 @@ from tests.frontends.grpc.http2_frames import (
     window_update,
 )
 
-PROTOCOL_ERROR = (framing.PROTOCOL_ERROR).to_bytes(4, "big")
+PROTOCOL_ERROR = (wire.PROTOCOL_ERROR).to_bytes(4, "big")
 
 
 def _resets(conn: framing.Http2) -> list[tuple[int, bytes]]:
@@ -47,7 +47,7 @@ def test_4_2_3_a_frame_past_our_max_frame_size_is_a_frame_size_error() -> None:
     """h2spec 4.2.3: we announce RFC 9113's (and grpc core's) 16,384, not 1 MiB."""
     conn, _ = opened()
     block = hpack.Encoder().encode([*REQUEST, (b"x-dummy", b"x" * 20_000)], huffman=False)
-    assert error_of(conn, raw_frame(1, 0x5, 1, block)) == framing.FRAME_SIZE_ERROR
+    assert error_of(conn, raw_frame(1, 0x5, 1, block)) == wire.FRAME_SIZE_ERROR
 
 
 def test_5_3_1_a_stream_that_depends_on_itself_is_a_stream_error() -> None:
