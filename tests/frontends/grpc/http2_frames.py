@@ -23,7 +23,7 @@ MESSAGE = b"\0" + (10).to_bytes(4, "big") + b"0123456789"
 
 
 def raw_frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
-    """A frame as RFC 9113 4.1 lays it out, built here independently of framing.frame."""
+    """A frame as RFC 9113 4.1 lays it out, built here independently of wire.frame."""
     return len(payload).to_bytes(3, "big") + struct.pack(">BBL", kind, flags, stream_id) + payload
 
 
