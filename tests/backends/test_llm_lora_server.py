@@ -98,6 +98,17 @@ def _generate(server: ServerProcess, model: str, **parameters: Any) -> tuple[int
     return _post(server, f"/v2/models/{model}/generate", body)
 
 
+def _complete(client: Any, model: str) -> Any:
+    """The openai client's greedy completion of LENGTH tokens by `model` (an adapter's name)."""
+    return client.completions.create(
+        model=model,
+        prompt=PROMPT,
+        max_tokens=LENGTH,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+
+
 def test_triton_lora_name_from_multi_lora_json(served: tuple[ServerProcess, Any]) -> None:
     server, _ = served
     adapters = server.adapters  # type: ignore[attr-defined]
@@ -123,13 +134,7 @@ def test_openai_model_names_an_adapter(served: tuple[ServerProcess, Any]) -> Non
     assert cards["all"].parent == "llm_lora" and cards["llm_lora"].parent is None
     one = client.models.retrieve("attn")
     assert one.parent == "llm_lora" and one.root.endswith("attn")
-    reply = client.completions.create(
-        model="mlp",
-        prompt=PROMPT,
-        max_tokens=LENGTH,
-        temperature=0,
-        extra_body={"ignore_eos": True},
-    )
+    reply = _complete(client, "mlp")
     assert reply.model == "mlp"
     assert reply.choices[0].text == _expected(adapters["mlp"], whole_characters=True)
     assert reply.usage.completion_tokens == LENGTH
@@ -180,13 +185,7 @@ def test_load_and_unload_while_streams_run(served: tuple[ServerProcess, Any]) ->
             200,
             "Success: LoRA adapter 'extra' added successfully.",
         )
-        reply = client.completions.create(
-            model="extra",
-            prompt=PROMPT,
-            max_tokens=LENGTH,
-            temperature=0,
-            extra_body={"ignore_eos": True},
-        )
+        reply = _complete(client, "extra")
         assert reply.choices[0].text == _expected(adapters["all"], whole_characters=True)
         assert _post(server, "/v1/unload_lora_adapter", {"lora_name": "extra"}) == (
             200,
